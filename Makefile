@@ -1,0 +1,49 @@
+# GEM feature and representation pipelines. `make help` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+DEMO_DIR ?= out/demo
+B ?=
+PYTEST_ARGS ?=
+
+.PHONY: help setup demo test test-unit bench lint services-up services-down clean
+
+help: ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -F':.*?## ' '{printf "  make %-15s %s\n", $$1, $$2}'
+
+setup: $(STAMP) ## create .venv and install the project (a second run takes seconds)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+demo: setup ## generate ~1M events, build histories, inspect them (embedded defaults)
+	DEMO_DIR=$(DEMO_DIR) bash scripts/demo.sh
+
+test: setup services-up ## start the real services and run every test
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: setup ## only the fast tests (no real services)
+	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
+
+bench: setup ## run the benchmarks (B=name for one, QUICK=1 for small inputs)
+	$(PY) bench/run.py $(B)
+
+lint: setup ## ruff and mypy
+	$(VENV)/bin/ruff check pipelines schemas tests bench
+	$(VENV)/bin/mypy
+
+services-up: ## start the services the tests need (none yet beyond files)
+	@true
+
+services-down: ## stop the services started by services-up
+	@true
+
+clean: ## remove outputs (keeps .venv)
+	rm -rf out .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,56 @@
+"""``python -m pipelines <command>``: one sub-command per stage.
+
+Each command lives in its own module exposing ``add_arguments(parser)`` and
+``run(args) -> int``; :data:`COMMANDS` maps the command name to that module, and
+the module is imported only when its command runs (so ``generate`` never pays
+for importing torch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from pipelines.errors import PipelinesError
+
+#: command name -> (module path, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "generate": ("pipelines.generator.cli", "generate a synthetic engagement world (events + ground truth)"),
+    "features": ("pipelines.features.cli", "build per-user histories and training examples (Beam, batch)"),
+    "inspect": ("pipelines.inspect.cli", "summarise any Parquet output of this project"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines",
+        description="GEM feature and representation pipelines.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module_path, help_text) in COMMANDS.items():
+        module = importlib.import_module(module_path)
+        command = sub.add_parser(name, help=help_text, description=module.__doc__)
+        module.add_arguments(command)
+        command.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args._module, "ACCEPTS_BEAM_ARGS", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.beam_args = extra
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args._module.run(args))
+    except PipelinesError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,27 @@
+"""The project's exceptions: a small hierarchy with messages that name the fix."""
+
+from __future__ import annotations
+
+
+class PipelinesError(Exception):
+    """Base class of every error this project raises on purpose."""
+
+
+class ConfigError(PipelinesError, ValueError):
+    """A flag or option is wrong. Raised at construction, before any work starts."""
+
+    def __init__(self, flag: str, problem: str, fix: str) -> None:
+        self.flag = flag
+        super().__init__(f"{flag}: {problem}. Fix: {fix}")
+
+
+class InputNotFoundError(PipelinesError, FileNotFoundError):
+    """An input path or glob matched nothing."""
+
+
+class OutputNotWritableError(PipelinesError, PermissionError):
+    """An output location cannot be written."""
+
+
+class LayoutError(PipelinesError, ValueError):
+    """A file does not have the record layout (or version) that a stage expects."""

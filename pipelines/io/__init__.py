@@ -1,0 +1,1 @@
+"""Shared input/output: Parquet with layout metadata, file discovery, Kafka."""

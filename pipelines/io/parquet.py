@@ -1,0 +1,61 @@
+"""Parquet read/write that stamps and checks the layout version.
+
+Paths go through Beam's ``FileSystems`` so the same code writes local paths and
+``gs://`` URIs (Dataflow workers).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
+
+from pipelines.errors import LayoutError
+from schemas.layouts import Layout, layout_of
+
+
+def conform(table: pa.Table, layout: Layout) -> pa.Table:
+    """``table`` cast to the layout's schema (with its metadata), columns in layout order."""
+    missing = [name for name in layout.schema.names if name not in table.column_names]
+    if missing:
+        raise LayoutError(f"{layout.name} table lacks columns {missing}")
+    table = table.select(layout.schema.names)
+    target = layout.with_metadata() if layout.name != "representation" else _with_meta(table, layout)
+    return table.cast(target)
+
+
+def _with_meta(table: pa.Table, layout: Layout) -> pa.Schema:
+    # Representations carry their own embedding dim; keep the table's types.
+    meta = {b"gem.layout": layout.name.encode(), b"gem.layout_version": str(layout.version).encode()}
+    return table.schema.with_metadata(meta)
+
+
+def write_table(table: pa.Table, path: str, layout: Layout, *, compression: str = "zstd") -> str:
+    """Write ``table`` in ``layout`` to ``path`` (local or any Beam filesystem). Returns the path."""
+    table = conform(table, layout)
+    parent = path.rsplit("/", 1)[0] if "/" in path else "."
+    if not FileSystems.exists(parent):
+        FileSystems.mkdirs(parent)
+    with FileSystems.create(path) as sink:
+        pq.write_table(table, sink, compression=compression)
+    return path
+
+
+def read_table(path: str, layout: Layout | None = None) -> pa.Table:
+    """Read one Parquet file; when ``layout`` is given, check its name and version."""
+    with FileSystems.open(path) as source:
+        table = pq.read_table(source)
+    if layout is not None:
+        check_layout(table.schema, layout, path)
+    return table
+
+
+def check_layout(schema: pa.Schema, layout: Layout, where: str) -> None:
+    """Raise :class:`LayoutError` unless ``schema`` was written with ``layout``'s name and version."""
+    found = layout_of(schema)
+    if found is None:
+        raise LayoutError(f"{where}: no layout metadata; expected {layout.name} v{layout.version}")
+    if found != (layout.name, layout.version):
+        raise LayoutError(
+            f"{where}: layout {found[0]} v{found[1]}, expected {layout.name} v{layout.version}"
+        )

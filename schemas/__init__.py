@@ -1,0 +1,45 @@
+"""Record layouts of the GEM feature and representation pipelines (single source of truth)."""
+
+from __future__ import annotations
+
+from schemas.enums import (
+    CONVERSION_TYPES,
+    DEVICE_CODE,
+    DEVICES,
+    EVENT_TYPE_CODE,
+    EVENT_TYPES,
+    SURFACE_CODE,
+    SURFACES,
+)
+from schemas.layouts import (
+    CANDIDATES,
+    DEAD_LETTER,
+    EVENT,
+    HISTORY,
+    LAYOUTS,
+    REPRESENTATION,
+    TRAINING_EXAMPLE,
+    Layout,
+    layout_of,
+    representation_schema,
+)
+
+__all__ = [
+    "CANDIDATES",
+    "CONVERSION_TYPES",
+    "DEAD_LETTER",
+    "DEVICES",
+    "DEVICE_CODE",
+    "EVENT",
+    "EVENT_TYPES",
+    "EVENT_TYPE_CODE",
+    "HISTORY",
+    "LAYOUTS",
+    "REPRESENTATION",
+    "SURFACES",
+    "SURFACE_CODE",
+    "TRAINING_EXAMPLE",
+    "Layout",
+    "layout_of",
+    "representation_schema",
+]

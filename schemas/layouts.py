@@ -1,0 +1,184 @@
+"""Every record layout of the project, with its version.
+
+This module is the single source of truth: readers and writers import the schemas
+from here, and every Parquet file carries the layout name and version in its
+metadata (see :func:`with_layout_metadata`). Change a layout only together with
+its version; ``tests/schemas/test_layouts.py`` fails otherwise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from schemas.enums import EVENT_TYPES, SURFACES
+
+NAME_KEY = b"gem.layout"
+VERSION_KEY = b"gem.layout_version"
+
+TIME = pa.timestamp("ms", tz="UTC")
+ENUM = pa.int8()
+DEFAULT_EMBEDDING_DIM = 64
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A named, versioned Arrow schema."""
+
+    name: str
+    version: int
+    schema: pa.Schema
+
+    def with_metadata(self) -> pa.Schema:
+        """The schema with the layout name and version in its metadata."""
+        meta = dict(self.schema.metadata or {})
+        meta[NAME_KEY] = self.name.encode()
+        meta[VERSION_KEY] = str(self.version).encode()
+        return self.schema.with_metadata(meta)
+
+    def fingerprint(self) -> str:
+        """A digest of the field names, types and nullability (not metadata)."""
+        text = "|".join(f"{f.name}:{f.type}:{f.nullable}" for f in self.schema)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+EVENT = Layout(
+    "event",
+    1,
+    pa.schema(
+        [
+            pa.field("event_id", pa.string(), nullable=False),
+            pa.field("user_id", pa.int64(), nullable=False),
+            pa.field("item_id", pa.int64(), nullable=False),
+            pa.field("is_ad", pa.bool_(), nullable=False),
+            pa.field("advertiser_id", pa.int64()),
+            pa.field("item_category", pa.int32(), nullable=False),
+            pa.field("surface", ENUM, nullable=False),
+            pa.field("event_type", ENUM, nullable=False),
+            pa.field("event_time", TIME, nullable=False),
+            pa.field("value", pa.float32()),
+            pa.field("device", ENUM),
+        ]
+    ),
+)
+
+#: One event inside a history: the event without the user, which is the row's key.
+HISTORY_EVENT = pa.struct([f for f in EVENT.schema if f.name not in ("user_id", "device")])
+
+HISTORY_SUMMARY = pa.struct(
+    [
+        pa.field("evicted_count", pa.int64(), nullable=False),
+        pa.field("surface_counts", pa.list_(pa.int64(), len(SURFACES)), nullable=False),
+        pa.field("event_type_counts", pa.list_(pa.int64(), len(EVENT_TYPES)), nullable=False),
+        pa.field("first_event_time", TIME),
+        pa.field("last_event_time", TIME),
+    ]
+)
+
+HISTORY = Layout(
+    "history",
+    1,
+    pa.schema(
+        [
+            pa.field("user_id", pa.int64(), nullable=False),
+            pa.field("events", pa.list_(pa.field("item", HISTORY_EVENT, nullable=False)), nullable=False),
+            pa.field("summary", HISTORY_SUMMARY, nullable=False),
+            pa.field("num_events_total", pa.int64(), nullable=False),
+            pa.field("last_event_time", TIME, nullable=False),
+            pa.field("watermark", TIME, nullable=False),
+        ]
+    ),
+)
+
+TRAINING_EXAMPLE = Layout(
+    "training_example",
+    1,
+    pa.schema(
+        [
+            pa.field("event_id", pa.string(), nullable=False),
+            pa.field("user_id", pa.int64(), nullable=False),
+            pa.field("item_id", pa.int64(), nullable=False),
+            pa.field("is_ad", pa.bool_(), nullable=False),
+            pa.field("advertiser_id", pa.int64()),
+            pa.field("item_category", pa.int32(), nullable=False),
+            pa.field("surface", ENUM, nullable=False),
+            pa.field("device", ENUM),
+            pa.field("event_time", TIME, nullable=False),
+            pa.field("clicked", pa.bool_(), nullable=False),
+            pa.field("converted", pa.bool_(), nullable=False),
+            # Number of the user's events strictly before event_time, evicted ones included.
+            pa.field("history_length", pa.int64(), nullable=False),
+            # Exclusive end of that prefix inside the snapshot's stored `events` list.
+            pa.field("history_end", pa.int32(), nullable=False),
+        ]
+    ),
+)
+
+CANDIDATES = Layout(
+    "candidates",
+    1,
+    pa.schema(
+        [
+            pa.field("request_id", pa.string(), nullable=False),
+            pa.field("user_id", pa.int64(), nullable=False),
+            pa.field("surface", ENUM, nullable=False),
+            pa.field("request_time", TIME, nullable=False),
+            pa.field("ad_ids", pa.list_(pa.field("item", pa.int64(), nullable=False)), nullable=False),
+        ]
+    ),
+)
+
+
+def representation_schema(dim: int = DEFAULT_EMBEDDING_DIM) -> pa.Schema:
+    """The representation layout for embeddings of ``dim`` values.
+
+    ``embedding`` holds float16 values, or int8 values when ``embedding_scale`` is
+    set (value = int8 * scale). ``ad_id`` is null for a user-level representation.
+    """
+    if dim <= 0:
+        raise ValueError(f"embedding dim must be positive, got {dim}")
+    return pa.schema(
+        [
+            pa.field("user_id", pa.int64(), nullable=False),
+            pa.field("ad_id", pa.int64()),
+            pa.field("embedding", pa.list_(pa.float16(), dim), nullable=False),
+            pa.field("embedding_scale", pa.float32()),
+            pa.field("p_click", pa.float32(), nullable=False),
+            pa.field("p_conversion", pa.float32(), nullable=False),
+            pa.field("model_version", pa.string(), nullable=False),
+            pa.field("history_watermark", TIME),
+            pa.field("computed_at", TIME, nullable=False),
+        ]
+    )
+
+
+REPRESENTATION = Layout("representation", 1, representation_schema())
+
+DEAD_LETTER = Layout(
+    "dead_letter",
+    1,
+    pa.schema(
+        [
+            pa.field("stage", pa.string(), nullable=False),
+            pa.field("reason", pa.string(), nullable=False),
+            pa.field("detail", pa.string(), nullable=False),
+            pa.field("payload", pa.binary(), nullable=False),
+            pa.field("source", pa.string(), nullable=False),
+        ]
+    ),
+)
+
+LAYOUTS: dict[str, Layout] = {
+    layout.name: layout
+    for layout in (EVENT, HISTORY, TRAINING_EXAMPLE, CANDIDATES, REPRESENTATION, DEAD_LETTER)
+}
+
+
+def layout_of(schema: pa.Schema) -> tuple[str, int] | None:
+    """The (name, version) written in a schema's metadata, or None."""
+    meta = schema.metadata or {}
+    if NAME_KEY not in meta:
+        return None
+    return meta[NAME_KEY].decode(), int(meta.get(VERSION_KEY, b"0"))
