@@ -24,23 +24,34 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _chosen(argv: Sequence[str]) -> str | None:
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The parser; only the chosen command's module is imported (to add its flags)."""
     parser = argparse.ArgumentParser(
         prog="python -m pipelines",
         description="GEM feature and representation pipelines.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    chosen = _chosen(argv)
     for name, (module_path, help_text) in COMMANDS.items():
+        if name != chosen:
+            sub.add_parser(name, help=help_text)
+            continue
         module = importlib.import_module(module_path)
-        command = sub.add_parser(name, help=help_text, description=module.__doc__)
+        command = sub.add_parser(name, help=help_text, description=module.__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(command)
         command.set_defaults(_module=module)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args._module, "ACCEPTS_BEAM_ARGS", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")

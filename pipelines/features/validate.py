@@ -68,10 +68,11 @@ def _reason(df: pl.DataFrame) -> pl.Expr:
         (~pl.col("is_ad") & pl.col("advertiser_id").is_not_null(), reasons.ORGANIC_WITH_ADVERTISER,
          "advertiser_id is set on organic content"),
     ]
-    expr = pl.when(rules[0][0]).then(pl.lit(f"{rules[0][1]}|{rules[0][2]}"))
-    for cond, code, detail in rules[1:]:
-        expr = expr.when(cond.fill_null(False)).then(pl.lit(f"{code}|{detail}"))
-    return expr.otherwise(pl.lit(None, pl.String))
+    # Built inside out so the first rule wins: when(r0) then .. otherwise(when(r1) ...).
+    expr: pl.Expr = pl.lit(None, pl.String)
+    for cond, code, detail in reversed(rules):
+        expr = pl.when(cond.fill_null(False)).then(pl.lit(f"{code}|{detail}")).otherwise(expr)
+    return expr
 
 
 def _typed_nulls(table: pa.Table) -> pa.Table:

@@ -1,0 +1,130 @@
+"""The features pipeline: read → validate → deduplicate → histories + training examples.
+
+:func:`build_features` adds the steps to a Beam pipeline; :func:`run_features`
+validates the configuration before any work, runs it and checks the counters
+(records in = valid + duplicates + dead letters).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from pipelines.errors import ConfigError, PipelinesError
+from pipelines.features.examples import LabelWindows
+from pipelines.features.histories import DEFAULT_MAX_HISTORY
+from pipelines.features.transforms import (
+    COUNTS,
+    DEAD,
+    EVENTS,
+    BuildHistories,
+    ReadEvents,
+    WriteDeadLetters,
+    WriteSummary,
+)
+from pipelines.io.files import check_writable, expand_inputs, splits_of
+from schemas.layouts import HISTORY
+
+log = logging.getLogger(__name__)
+
+MAX_HISTORY_LIMIT = 1 << 20
+
+
+@dataclass(frozen=True)
+class FeaturesConfig:
+    """Everything the features pipeline needs; validated on construction."""
+
+    inputs: Sequence[str]
+    output: str
+    previous: str | None = None
+    max_history: int = DEFAULT_MAX_HISTORY
+    num_shards: int = 16
+    windows: LabelWindows = field(default_factory=LabelWindows)
+    overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.inputs:
+            raise ConfigError("--input", "no input given", "pass one or more files or globs")
+        if not 1 <= self.max_history <= MAX_HISTORY_LIMIT:
+            raise ConfigError("--max-history", f"got {self.max_history}", f"pass 1..{MAX_HISTORY_LIMIT}")
+        if not 1 <= self.num_shards <= 4096:
+            raise ConfigError("--num-shards", f"got {self.num_shards}", "pass 1..4096")
+        if self.previous and self.previous.rstrip("/") == self.output.rstrip("/"):
+            raise ConfigError("--previous", "is the same folder as --output",
+                              "write the new snapshot to a new folder")
+
+
+def previous_files(previous: str | None) -> list[str]:
+    if not previous:
+        return []
+    pattern = f"{previous.rstrip('/')}/histories/*/*.parquet"
+    files = sorted(m.path for r in FileSystems.match([pattern]) for m in r.metadata_list)
+    if not files:
+        raise ConfigError("--previous", f"{previous!r} holds no histories/*/*.parquet",
+                          "point it at the --output folder of an earlier features run")
+    return files
+
+
+def _check_output(config: FeaturesConfig) -> None:
+    summary = f"{config.output.rstrip('/')}/summary.json"
+    if FileSystems.exists(summary) and not config.overwrite:
+        raise ConfigError("--output", f"{config.output!r} already holds a features snapshot",
+                          "pass --overwrite or choose a new folder")
+    check_writable(config.output)
+    if config.overwrite:
+        for sub in ("histories", "training_examples", "dead_letters"):
+            path = f"{config.output.rstrip('/')}/{sub}"
+            if FileSystems.exists(path):
+                FileSystems.delete([path])
+
+
+def build_features(p: beam.Pipeline, config: FeaturesConfig, splits: Sequence, previous: Sequence[str]) -> None:
+    """Add the features steps to ``p``."""
+    read = p | "ReadEvents" >> ReadEvents(splits)
+    built = read[EVENTS] | "BuildHistories" >> BuildHistories(
+        config.output, previous=previous, num_shards=config.num_shards,
+        max_history=config.max_history, windows=config.windows,
+    )
+    _ = read[DEAD] | "WriteDeadLetters" >> WriteDeadLetters(config.output)
+    extra: dict[str, Any] = {
+        "inputs": list(config.inputs), "previous": config.previous, "max_history": config.max_history,
+        "num_shards": config.num_shards, "layout_version": HISTORY.version,
+    }
+    _ = (
+        (read[COUNTS], built)
+        | "AllCounts" >> beam.Flatten()
+        | "WriteSummary" >> WriteSummary(config.output, extra)
+    )
+
+
+def run_features(config: FeaturesConfig, options: PipelineOptions, runner: object | None = None) -> dict:
+    """Validate, run, and return the summary (also written to ``<output>/summary.json``)."""
+    paths = expand_inputs(config.inputs)
+    previous = previous_files(config.previous)
+    _check_output(config)
+    splits = splits_of(paths)
+    log.info("features: %d file(s), %d split(s), %d previous file(s)", len(paths), len(splits), len(previous))
+    started = time.perf_counter()
+    with beam.Pipeline(runner=runner, options=options) as p:  # type: ignore[arg-type]
+        build_features(p, config, splits, previous)
+    with FileSystems.open(f"{config.output.rstrip('/')}/summary.json") as f:
+        summary = json.loads(f.read())
+    summary["seconds"] = round(time.perf_counter() - started, 3)
+    check_balance(summary)
+    return summary
+
+
+def check_balance(summary: dict) -> None:
+    """Records in must equal valid + duplicates + dead letters; anything else is a bug."""
+    accounted = (summary.get("events_valid", 0) + summary.get("duplicates", 0)
+                 + summary.get("duplicates_previous", 0) + summary.get("dead_letters", 0))
+    if accounted != summary.get("records_in", 0):
+        raise PipelinesError(f"record balance broken: {summary.get('records_in', 0)} in, {accounted} accounted")

@@ -1,0 +1,220 @@
+"""Thin Beam wrappers around the pure features logic.
+
+Elements are Arrow tables (never per-event dicts) except at the parse edge;
+counts travel as small dicts and are summed into ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import apache_beam as beam
+import pyarrow as pa
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+from apache_beam.pvalue import AsSingleton, TaggedOutput
+
+from pipelines.features.examples import LabelWindows
+from pipelines.features.histories import build_histories
+from pipelines.features.parse import parse_json_lines
+from pipelines.features.sharding import split_by_shard
+from pipelines.features.validate import validate_event_table
+from pipelines.io.files import Split, read_line_batches, read_row_group
+from pipelines.io.parquet import read_table, write_table
+from schemas.layouts import DEAD_LETTER, HISTORY, TRAINING_EXAMPLE
+
+__all__ = ["BuildHistories", "ReadEvents", "WriteDeadLetters", "WriteSummary"]
+
+NAMESPACE = "features"
+EVENTS, DEAD, COUNTS = "events", "dead_letters", "counts"
+
+
+def shard_path(root: str, kind: str, shard: int) -> str:
+    return f"{root.rstrip('/')}/{kind}/shard={shard:05d}/part-00000.parquet"
+
+
+class _ReadSplitFn(beam.DoFn):
+    """A split → EVENT tables (main), DEAD_LETTER tables and a count dict (tagged)."""
+
+    def __init__(self, batch_size: int) -> None:
+        self._batch_size = batch_size
+
+    def setup(self) -> None:
+        self._records = Metrics.counter(NAMESPACE, "records_in")
+        self._dead = Metrics.counter(NAMESPACE, "dead_letters")
+
+    def process(self, split: Split) -> Iterator[Any]:
+        for result in self._parse(split):
+            self._records.inc(result.num_records)
+            self._dead.inc(result.dead_letters.num_rows)
+            reasons = Counter(result.dead_letters.column("reason").to_pylist())
+            yield TaggedOutput(COUNTS, {"records_in": result.num_records, "dead_letters": sum(reasons.values()),
+                                        **{f"dead_letters.{r}": n for r, n in reasons.items()}})
+            if result.events.num_rows:
+                yield result.events
+            if result.dead_letters.num_rows:
+                yield TaggedOutput(DEAD, result.dead_letters)
+
+    def _parse(self, split: Split) -> Iterator[Any]:
+        if split.row_group is not None:
+            yield validate_event_table(read_row_group(split), split.path, split.first_row)
+            return
+        for lines, sources in read_line_batches(split.path, self._batch_size):
+            yield parse_json_lines(lines, sources)
+
+
+class ReadEvents(beam.PTransform):
+    """Splits → tagged outputs ``events`` (EVENT tables), ``dead_letters``, ``counts``."""
+
+    def __init__(self, splits: Sequence[Split], *, batch_size: int = 50_000) -> None:
+        super().__init__()
+        if not splits:
+            raise ValueError("ReadEvents needs at least one split")
+        self._splits = list(splits)
+        self._batch_size = batch_size
+
+    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.pvalue.DoOutputsTuple:
+        return (
+            pbegin
+            | "Splits" >> beam.Create(self._splits)
+            | "Reshuffle" >> beam.Reshuffle()
+            | "Parse" >> beam.ParDo(_ReadSplitFn(self._batch_size)).with_outputs(DEAD, COUNTS, main=EVENTS)
+        )
+
+
+def _keyed_by_shard(table: pa.Table, num_shards: int) -> Iterator[tuple[int, pa.Table]]:
+    yield from split_by_shard(table, num_shards)
+
+
+def _max_event_ms(table: pa.Table) -> int:
+    return int(pa.compute.max(table.column("event_time")).cast(pa.int64()).as_py() or 0)
+
+
+def _concat(tables: Iterable[pa.Table]) -> pa.Table | None:
+    tables = [t for t in tables if t.num_rows]
+    return pa.concat_tables(tables) if tables else None
+
+
+class _BuildShardFn(beam.DoFn):
+    """(shard, {events, previous}) → writes that shard's histories and examples; yields counts."""
+
+    def __init__(self, output: str, max_history: int, windows: LabelWindows) -> None:
+        self._output = output
+        self._max_history = max_history
+        self._windows = windows
+
+    def setup(self) -> None:
+        self._users = Metrics.counter(NAMESPACE, "histories")
+        self._examples = Metrics.counter(NAMESPACE, "training_examples")
+
+    def process(self, element: tuple[int, dict[str, Iterable[pa.Table]]], watermark_ms: int) -> Iterator[dict]:
+        shard, groups = element
+        events = _concat(groups["events"])
+        previous = _concat(groups["previous"])
+        if events is None:
+            events = _empty_events()
+        build = build_histories(events, previous, max_history=self._max_history,
+                                watermark_ms=watermark_ms or None, windows=self._windows)
+        write_table(build.histories, shard_path(self._output, "histories", shard), HISTORY)
+        write_table(build.examples, shard_path(self._output, "training_examples", shard), TRAINING_EXAMPLE)
+        self._users.inc(build.histories.num_rows)
+        self._examples.inc(build.examples.num_rows)
+        yield {
+            "events_valid": events.num_rows - build.duplicates - build.duplicates_previous,
+            "duplicates": build.duplicates,
+            "duplicates_previous": build.duplicates_previous,
+            "evicted": build.evicted,
+            "histories": build.histories.num_rows,
+            "training_examples": build.examples.num_rows,
+            "shards_written": 1,
+        }
+
+
+def _empty_events() -> pa.Table:
+    from schemas.layouts import EVENT
+
+    return EVENT.schema.empty_table()
+
+
+class BuildHistories(beam.PTransform):
+    """EVENT tables (+ previous HISTORY tables) → per-shard Parquet; outputs count dicts."""
+
+    def __init__(self, output: str, *, previous: Sequence[str] = (), num_shards: int = 16,
+                 max_history: int = 4096, windows: LabelWindows | None = None) -> None:
+        super().__init__()
+        if num_shards < 1:
+            raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+        if max_history < 1:
+            raise ValueError(f"max_history must be >= 1, got {max_history}")
+        self._output, self._previous = output, list(previous)
+        self._num_shards, self._max_history = num_shards, max_history
+        self._windows = windows or LabelWindows()
+
+    def expand(self, events: beam.PCollection) -> beam.PCollection:
+        n = self._num_shards
+        keyed = events | "ShardEvents" >> beam.FlatMap(_keyed_by_shard, n)
+        watermark = (
+            events
+            | "MaxTime" >> beam.Map(_max_event_ms)
+            | "Watermark" >> beam.CombineGlobally(lambda xs: max(xs, default=0))
+        )
+        previous = (
+            events.pipeline
+            | "PreviousFiles" >> beam.Create(self._previous)
+            | "ReadPrevious" >> beam.Map(read_table, HISTORY)
+            | "ShardPrevious" >> beam.FlatMap(_keyed_by_shard, n)
+        )
+        return (
+            {"events": keyed, "previous": previous}
+            | "GroupByShard" >> beam.CoGroupByKey()
+            | "Build" >> beam.ParDo(_BuildShardFn(self._output, self._max_history, self._windows),
+                                    AsSingleton(watermark))
+        )
+
+
+class WriteDeadLetters(beam.PTransform):
+    """DEAD_LETTER tables → ``<output>/dead_letters/part-00000.parquet`` (always written)."""
+
+    def __init__(self, output: str) -> None:
+        super().__init__()
+        self._path = f"{output.rstrip('/')}/dead_letters/part-00000.parquet"
+
+    def expand(self, dead: beam.PCollection) -> beam.PCollection:
+        return (
+            dead
+            | "ToOne" >> beam.combiners.ToList()
+            | "Write" >> beam.Map(self._write)
+        )
+
+    def _write(self, tables: list[pa.Table]) -> str:
+        table = pa.concat_tables(tables) if tables else DEAD_LETTER.schema.empty_table()
+        order = pa.compute.sort_indices(table, [("source", "ascending")])
+        return write_table(table.take(order), self._path, DEAD_LETTER)
+
+
+def sum_counts(dicts: Iterable[dict[str, int]]) -> dict[str, int]:
+    total: Counter[str] = Counter()
+    for d in dicts:
+        total.update(d)
+    return dict(total)
+
+
+class WriteSummary(beam.PTransform):
+    """Count dicts → ``<output>/summary.json`` with the totals and ``extra`` fields."""
+
+    def __init__(self, output: str, extra: dict[str, Any]) -> None:
+        super().__init__()
+        self._path = f"{output.rstrip('/')}/summary.json"
+        self._extra = extra
+
+    def expand(self, counts: beam.PCollection) -> beam.PCollection:
+        return counts | "Sum" >> beam.CombineGlobally(sum_counts) | "Write" >> beam.Map(self._write)
+
+    def _write(self, totals: dict[str, int]) -> dict[str, Any]:
+        summary = {**self._extra, **dict(sorted(totals.items()))}
+        with FileSystems.create(self._path) as f:
+            f.write(json.dumps(summary, indent=2).encode())
+        return summary
