@@ -1,0 +1,1 @@
+"""Inspect any Parquet output: layout, counts, distributions, one user's timeline."""

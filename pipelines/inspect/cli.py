@@ -1,0 +1,58 @@
+"""Summarise any Parquet output of this project.
+
+PATH may be a Parquet file, a folder of parts, or a features output folder (its
+histories/, training_examples/ and dead_letters/ are each summarised). Shows the
+layout and version, row counts, history-length percentiles with a text
+histogram, the surface and event-type mix, label rates and dead-letter reasons.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", metavar="PATH", help="a Parquet file or folder written by this project")
+    parser.add_argument("--user", type=int, metavar="ID", help="print this user's history timeline")
+    parser.add_argument("--plot", metavar="FILE.png", help="save the history distributions to a PNG")
+
+
+def _print_dataset(d, args: argparse.Namespace) -> None:
+    from pipelines.inspect import report
+
+    layout = f"{d.layout[0]} v{d.layout[1]}" if d.layout else "unknown layout (no gem.layout metadata)"
+    print(f"== {d.name}: {d.table.num_rows} rows in {len(d.files)} file(s), {layout}")
+    print("   columns: " + ", ".join(f"{f.name}:{f.type}" for f in d.table.schema))
+    kind = d.layout[0] if d.layout else None
+    if kind == "history":
+        lengths = report.history_lengths(d.table)
+        pct = report.percentiles(lengths)
+        print(f"   events retained: {int(lengths.sum())}; per user p50={pct[50]:.0f} p90={pct[90]:.0f} "
+              f"p99={pct[99]:.0f} max={pct[100]:.0f}")
+        print("\n".join("   " + line for line in report.text_histogram(lengths)))
+        for name, mix in report.history_event_mix(d.table).items():
+            print(f"   {name} mix: " + ", ".join(f"{n} {share:.1%}" for n, _, share in mix))
+        if args.user is not None:
+            print("\n".join(report.user_timeline(d.table, args.user)))
+        if args.plot:
+            from pipelines.inspect.plot import save_plot
+
+            print(f"   plot: {save_plot(args.plot, lengths, report.history_event_mix(d.table))}")
+    elif kind == "training_example":
+        print(f"   label rates: {json.dumps(report.example_label_rates(d.table))}")
+    elif kind == "dead_letter":
+        for reason, n in report.reason_counts(d.table):
+            print(f"   {reason:<26} {n}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipelines.inspect.report import find_datasets
+
+    summary = Path(args.path) / "summary.json"
+    if summary.is_file():
+        print(f"== summary.json\n{summary.read_text()}")
+    for dataset in find_datasets(args.path):
+        _print_dataset(dataset, args)
+    return 0

@@ -1,0 +1,124 @@
+"""Pure summaries of Parquet outputs (no printing): used by the CLI and the tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from pipelines.errors import InputNotFoundError
+from schemas.enums import DEVICES, EVENT_TYPES, SURFACES
+from schemas.layouts import layout_of
+
+KINDS = ("histories", "training_examples", "dead_letters", "representations")
+PERCENTILES = (50, 90, 99, 100)
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """One Parquet dataset found under a path: its name, layout and table."""
+
+    name: str
+    layout: tuple[str, int] | None
+    files: list[str]
+    table: pa.Table
+
+
+def find_datasets(path: str) -> list[Dataset]:
+    """Every Parquet dataset at ``path``: a file, a folder of parts, or a features output folder."""
+    root = Path(path)
+    if not root.exists():
+        raise InputNotFoundError(f"{path!r} does not exist")
+    if root.is_file():
+        return [_load(root.name, [str(root)])]
+    subdirs = [root / k for k in KINDS if (root / k).is_dir()]
+    groups = [(d.name, sorted(map(str, d.rglob("*.parquet")))) for d in subdirs] or [
+        (root.name, sorted(map(str, root.rglob("*.parquet"))))
+    ]
+    found = [_load(name, files) for name, files in groups if files]
+    if not found:
+        raise InputNotFoundError(f"{path!r} holds no Parquet files")
+    return found
+
+
+def _load(name: str, files: list[str]) -> Dataset:
+    table = ds.dataset(files, format="parquet").to_table()
+    first = ds.dataset(files[:1], format="parquet").schema
+    return Dataset(name, layout_of(first), files, table)
+
+
+def percentiles(values: np.ndarray) -> dict[int, float]:
+    if values.size == 0:
+        return {p: 0.0 for p in PERCENTILES}
+    return {p: float(np.percentile(values, p)) for p in PERCENTILES}
+
+
+def text_histogram(values: np.ndarray, bins: int = 12, width: int = 40) -> list[str]:
+    """Log-spaced histogram lines (``lo-hi | #### count``) for heavy-tailed counts."""
+    if values.size == 0:
+        return ["(empty)"]
+    top = max(int(values.max()), 1)
+    edges = np.unique(np.logspace(0, np.log10(top + 1), bins + 1).astype(np.int64))
+    counts, _ = np.histogram(values, bins=np.r_[0, edges[1:]])
+    peak = max(int(counts.max()), 1)
+    lows, highs = np.r_[0, edges[1:-1]], edges[1:] - 1
+    highs[-1] += 1  # numpy's last bin is closed
+    return [f"{lo:>7}-{hi:<7} | {'#' * round(width * n / peak):<{width}} {n}"
+            for lo, hi, n in zip(lows, highs, counts, strict=True)]
+
+
+def history_lengths(table: pa.Table) -> np.ndarray:
+    return pa.compute.list_value_length(table.column("events")).to_numpy(zero_copy_only=False)
+
+
+def enum_mix(codes: pa.ChunkedArray | pa.Array, names: tuple[str, ...]) -> list[tuple[str, int, float]]:
+    """(name, count, share) per enum value present, most common first."""
+    counts = pl.Series(codes.to_numpy(zero_copy_only=False)).value_counts(sort=True)
+    total = max(int(counts["count"].sum()), 1)
+    return [(names[int(c)] if 0 <= int(c) < len(names) else str(c), int(n), int(n) / total)
+            for c, n in counts.iter_rows()]
+
+
+def history_event_mix(table: pa.Table) -> dict[str, list[tuple[str, int, float]]]:
+    flat = pa.compute.list_flatten(table.column("events"))
+    return {
+        "surface": enum_mix(pa.compute.struct_field(flat, "surface"), SURFACES),
+        "event_type": enum_mix(pa.compute.struct_field(flat, "event_type"), EVENT_TYPES),
+    }
+
+
+def reason_counts(table: pa.Table) -> list[tuple[str, int]]:
+    frame = pl.from_arrow(table.select(["reason"]))
+    assert isinstance(frame, pl.DataFrame)
+    return [(r, n) for r, n in frame["reason"].value_counts(sort=True).iter_rows()]
+
+
+def user_timeline(table: pa.Table, user_id: int) -> list[str]:
+    """One line per retained event of ``user_id``, oldest first, plus the summary."""
+    rows = table.filter(pa.compute.equal(table.column("user_id"), user_id)).to_pylist()
+    if not rows:
+        return [f"user {user_id}: no history"]
+    row = rows[0]
+    summary = row["summary"]
+    lines = [f"user {user_id}: {len(row['events'])} retained of {row['num_events_total']} events, "
+             f"{summary['evicted_count']} evicted, watermark {row['watermark']}"]
+    for e in row["events"]:
+        kind = "ad" if e["is_ad"] else "organic"
+        lines.append(f"  {e['event_time']}  {SURFACES[e['surface']]:<22} {EVENT_TYPES[e['event_type']]:<19} "
+                     f"item={e['item_id']} ({kind}, cat {e['item_category']}) value={e['value']}")
+    return lines
+
+
+def example_label_rates(table: pa.Table) -> dict[str, float]:
+    n = max(table.num_rows, 1)
+    return {
+        "clicked": pa.compute.sum(table.column("clicked")).as_py() / n if table.num_rows else 0.0,
+        "converted": pa.compute.sum(table.column("converted")).as_py() / n if table.num_rows else 0.0,
+    }
+
+
+__all__ = ["DEVICES", "Dataset", "find_datasets"]
