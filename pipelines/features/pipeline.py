@@ -29,6 +29,7 @@ from pipelines.features.transforms import (
     ReadEvents,
     WriteDeadLetters,
     WriteSummary,
+    sum_counts,
 )
 from pipelines.io.files import check_writable, expand_inputs, splits_of
 from schemas.layouts import HISTORY
@@ -88,9 +89,10 @@ def _check_output(config: FeaturesConfig) -> None:
 
 def build_features(p: beam.Pipeline, config: FeaturesConfig, splits: Sequence, previous: Sequence[str]) -> None:
     """Add the features steps to ``p``."""
-    read = p | "ReadEvents" >> ReadEvents(splits)
+    read = p | "ReadEvents" >> ReadEvents(splits, num_shards=config.num_shards)
+    read_counts = read[COUNTS] | "SumReadCounts" >> beam.CombineGlobally(sum_counts)
     built = read[EVENTS] | "BuildHistories" >> BuildHistories(
-        config.output, previous=previous, num_shards=config.num_shards,
+        config.output, beam.pvalue.AsSingleton(read_counts), previous=previous, num_shards=config.num_shards,
         max_history=config.max_history, windows=config.windows,
     )
     _ = read[DEAD] | "WriteDeadLetters" >> WriteDeadLetters(config.output)
@@ -99,7 +101,7 @@ def build_features(p: beam.Pipeline, config: FeaturesConfig, splits: Sequence, p
         "num_shards": config.num_shards, "layout_version": HISTORY.version,
     }
     _ = (
-        (read[COUNTS], built)
+        (read_counts, built)
         | "AllCounts" >> beam.Flatten()
         | "WriteSummary" >> WriteSummary(config.output, extra)
     )

@@ -15,13 +15,14 @@ import apache_beam as beam
 import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
-from apache_beam.pvalue import AsSingleton, TaggedOutput
+from apache_beam.pvalue import TaggedOutput
 
 from pipelines.features.examples import LabelWindows
 from pipelines.features.histories import build_histories
 from pipelines.features.parse import parse_json_lines
 from pipelines.features.sharding import split_by_shard
 from pipelines.features.validate import validate_event_table
+from pipelines.io import arrow_coder  # noqa: F401 - registers the pa.Table coder
 from pipelines.io.files import Split, read_line_batches, read_row_group
 from pipelines.io.parquet import read_table, write_table
 from schemas.layouts import DEAD_LETTER, HISTORY, TRAINING_EXAMPLE
@@ -37,10 +38,11 @@ def shard_path(root: str, kind: str, shard: int) -> str:
 
 
 class _ReadSplitFn(beam.DoFn):
-    """A split → EVENT tables (main), DEAD_LETTER tables and a count dict (tagged)."""
+    """A split → (shard, EVENT table) pairs (main), DEAD_LETTER tables and count dicts (tagged)."""
 
-    def __init__(self, batch_size: int) -> None:
+    def __init__(self, batch_size: int, num_shards: int) -> None:
         self._batch_size = batch_size
+        self._num_shards = num_shards
 
     def setup(self) -> None:
         self._records = Metrics.counter(NAMESPACE, "records_in")
@@ -52,9 +54,9 @@ class _ReadSplitFn(beam.DoFn):
             self._dead.inc(result.dead_letters.num_rows)
             reasons = Counter(result.dead_letters.column("reason").to_pylist())
             yield TaggedOutput(COUNTS, {"records_in": result.num_records, "dead_letters": sum(reasons.values()),
+                                        "max.event_time_ms": _max_event_ms(result.events),
                                         **{f"dead_letters.{r}": n for r, n in reasons.items()}})
-            if result.events.num_rows:
-                yield result.events
+            yield from split_by_shard(result.events, self._num_shards)
             if result.dead_letters.num_rows:
                 yield TaggedOutput(DEAD, result.dead_letters)
 
@@ -67,21 +69,26 @@ class _ReadSplitFn(beam.DoFn):
 
 
 class ReadEvents(beam.PTransform):
-    """Splits → tagged outputs ``events`` (EVENT tables), ``dead_letters``, ``counts``."""
+    """Splits → tagged outputs ``events`` ((shard, EVENT table) pairs), ``dead_letters``, ``counts``."""
 
-    def __init__(self, splits: Sequence[Split], *, batch_size: int = 50_000) -> None:
+    def __init__(self, splits: Sequence[Split], *, num_shards: int, batch_size: int = 100_000) -> None:
         super().__init__()
         if not splits:
             raise ValueError("ReadEvents needs at least one split")
+        if num_shards < 1:
+            raise ValueError(f"num_shards must be >= 1, got {num_shards}")
         self._splits = list(splits)
         self._batch_size = batch_size
+        self._num_shards = num_shards
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.pvalue.DoOutputsTuple:
         return (
             pbegin
             | "Splits" >> beam.Create(self._splits)
             | "Reshuffle" >> beam.Reshuffle()
-            | "Parse" >> beam.ParDo(_ReadSplitFn(self._batch_size)).with_outputs(DEAD, COUNTS, main=EVENTS)
+            | "Parse" >> beam.ParDo(_ReadSplitFn(self._batch_size, self._num_shards))
+            .with_output_types(tuple[int, pa.Table])
+            .with_outputs(DEAD, COUNTS, main=EVENTS)
         )
 
 
@@ -90,7 +97,13 @@ def _keyed_by_shard(table: pa.Table, num_shards: int) -> Iterator[tuple[int, pa.
 
 
 def _max_event_ms(table: pa.Table) -> int:
+    if table.num_rows == 0:
+        return 0
     return int(pa.compute.max(table.column("event_time")).cast(pa.int64()).as_py() or 0)
+
+
+def _is_history(table: pa.Table) -> bool:
+    return "events" in table.column_names
 
 
 def _concat(tables: Iterable[pa.Table]) -> pa.Table | None:
@@ -110,12 +123,12 @@ class _BuildShardFn(beam.DoFn):
         self._users = Metrics.counter(NAMESPACE, "histories")
         self._examples = Metrics.counter(NAMESPACE, "training_examples")
 
-    def process(self, element: tuple[int, dict[str, Iterable[pa.Table]]], watermark_ms: int) -> Iterator[dict]:
-        shard, groups = element
-        events = _concat(groups["events"])
-        previous = _concat(groups["previous"])
-        if events is None:
-            events = _empty_events()
+    def process(self, element: tuple[int, Iterable[pa.Table]], counts: dict[str, int]) -> Iterator[dict]:
+        shard, tables = element
+        tables = list(tables)
+        events = _concat(t for t in tables if not _is_history(t)) or _empty_events()
+        previous = _concat(t for t in tables if _is_history(t))
+        watermark_ms = counts.get("max.event_time_ms", 0)
         build = build_histories(events, previous, max_history=self._max_history,
                                 watermark_ms=watermark_ms or None, windows=self._windows)
         write_table(build.histories, shard_path(self._output, "histories", shard), HISTORY)
@@ -140,38 +153,36 @@ def _empty_events() -> pa.Table:
 
 
 class BuildHistories(beam.PTransform):
-    """EVENT tables (+ previous HISTORY tables) → per-shard Parquet; outputs count dicts."""
+    """(shard, EVENT table) pairs (+ previous HISTORY files) → per-shard Parquet; outputs count dicts.
 
-    def __init__(self, output: str, *, previous: Sequence[str] = (), num_shards: int = 16,
+    ``counts`` is a singleton side input of the read counts (its ``max.event_time_ms``
+    is the snapshot's watermark).
+    """
+
+    def __init__(self, output: str, counts: beam.pvalue.AsSingleton, *, previous: Sequence[str] = (),
+                 num_shards: int = 16,
                  max_history: int = 4096, windows: LabelWindows | None = None) -> None:
         super().__init__()
         if num_shards < 1:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
         if max_history < 1:
             raise ValueError(f"max_history must be >= 1, got {max_history}")
-        self._output, self._previous = output, list(previous)
+        self._output, self._counts, self._previous = output, counts, list(previous)
         self._num_shards, self._max_history = num_shards, max_history
         self._windows = windows or LabelWindows()
 
-    def expand(self, events: beam.PCollection) -> beam.PCollection:
-        n = self._num_shards
-        keyed = events | "ShardEvents" >> beam.FlatMap(_keyed_by_shard, n)
-        watermark = (
-            events
-            | "MaxTime" >> beam.Map(_max_event_ms)
-            | "Watermark" >> beam.CombineGlobally(lambda xs: max(xs, default=0))
-        )
+    def expand(self, keyed_events: beam.PCollection) -> beam.PCollection:
         previous = (
-            events.pipeline
+            keyed_events.pipeline
             | "PreviousFiles" >> beam.Create(self._previous)
-            | "ReadPrevious" >> beam.Map(read_table, HISTORY)
-            | "ShardPrevious" >> beam.FlatMap(_keyed_by_shard, n)
+            | "ReadPrevious" >> beam.FlatMap(lambda path, n: split_by_shard(read_table(path, HISTORY), n),
+                                             self._num_shards).with_output_types(tuple[int, pa.Table])
         )
         return (
-            {"events": keyed, "previous": previous}
-            | "GroupByShard" >> beam.CoGroupByKey()
-            | "Build" >> beam.ParDo(_BuildShardFn(self._output, self._max_history, self._windows),
-                                    AsSingleton(watermark))
+            (keyed_events, previous)
+            | "Both" >> beam.Flatten().with_output_types(tuple[int, pa.Table])
+            | "GroupByShard" >> beam.GroupByKey()
+            | "Build" >> beam.ParDo(_BuildShardFn(self._output, self._max_history, self._windows), self._counts)
         )
 
 
@@ -196,9 +207,11 @@ class WriteDeadLetters(beam.PTransform):
 
 
 def sum_counts(dicts: Iterable[dict[str, int]]) -> dict[str, int]:
+    """Sum count dicts; keys starting with ``max.`` take the maximum instead."""
     total: Counter[str] = Counter()
     for d in dicts:
-        total.update(d)
+        for key, value in d.items():
+            total[key] = max(total[key], value) if key.startswith("max.") else total[key] + value
     return dict(total)
 
 
