@@ -1,0 +1,35 @@
+"""Synthetic engagement worlds: ``python -m pipelines generate`` (see :mod:`.cli`).
+
+The generator is a pure function of :class:`WorldConfig` (:func:`generate_events`,
+:func:`generate_candidates`); :func:`write_world` adds the files: events as JSONL,
+JSONL.gz or Parquet, optional candidate sets, and the ground truth folder.
+
+Names are imported on first use, so that ``pipelines.generator.cli`` (loaded for
+``--help``) pulls in neither numpy nor pyarrow.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "WorldConfig": "pipelines.generator.config",
+    "GeneratedEvents": "pipelines.generator.events",
+    "generate_events": "pipelines.generator.events",
+    "rngs": "pipelines.generator.events",
+    "generate_candidates": "pipelines.generator.candidates",
+    "Request": "pipelines.generator.output",
+    "write_world": "pipelines.generator.output",
+    "TRUTH_ITEMS": "pipelines.generator.truth",
+    "TRUTH_USERS": "pipelines.generator.truth",
+    "truth_dir_for": "pipelines.generator.truth",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
