@@ -24,6 +24,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class _QuietOptionalGcp(logging.Filter):
+    """Drop Beam's import-time notes about optional Google Cloud clients we do not use."""
+
+    NOISE = ("apitools not found", "No module named google.cloud.bigquery_storage_v1")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.NOISE)
+
+
 def _chosen(argv: Sequence[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
@@ -51,6 +60,8 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    for name in ("", "apache_beam.io.gcp.bigquery"):
+        logging.getLogger(name).addFilter(_QuietOptionalGcp())
     parser = build_parser(argv)
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args._module, "ACCEPTS_BEAM_ARGS", False):
