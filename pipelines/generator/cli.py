@@ -79,12 +79,17 @@ def run(args: argparse.Namespace) -> int:
     )
     written = tqdm(desc="write", unit="B", unit_scale=True, file=sys.stderr, disable=None, leave=False)
 
-    def stage(name: str) -> None:
+    started: list[str] = []
+
+    def stage(name: str) -> None:  # called as each step starts; the bar counts finished steps
+        if started:
+            stages.update(1)
+        started.append(name)
         stages.set_postfix_str(name)
-        stages.update(1)
 
     try:
         summary = write_world(request, stage, written.update)
+        stages.update(1)
     finally:
         written.close()
         stages.close()

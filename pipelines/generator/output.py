@@ -72,8 +72,10 @@ def write_world(
         table = generate_candidates(generated.world, request.requests, streams["candidates"])
         write_table(table, str(request.candidates), CANDIDATES)
         summary["counts"]["candidates"] = candidates_summary(table, request.candidates.name)
+        log.info("wrote %d candidate requests to %s", table.num_rows, request.candidates)
     step("ground truth")
-    write_truth(generated.world, truth_dir_for(request.output), summary)
+    folder = write_truth(generated.world, truth_dir_for(request.output), summary)
+    log.info("wrote ground truth (users, items, world.json) to %s", folder)
     return summary
 
 
