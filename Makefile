@@ -10,7 +10,7 @@ DEMO_DIR ?= out/demo
 B ?=
 PYTEST_ARGS ?=
 
-.PHONY: help setup demo test test-unit bench lint services-up services-down kafka-up kafka-down clean
+.PHONY: help setup demo test test-unit bench lint services-up services-down kafka-up kafka-down redis-up redis-down clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -F':.*?## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -39,10 +39,10 @@ lint: setup ## ruff and mypy
 	$(VENV)/bin/ruff check pipelines schemas tests bench
 	$(VENV)/bin/mypy
 
-services-up: kafka-up ## start the services the tests need
+services-up: kafka-up redis-up ## start the services the tests need
 	@true
 
-services-down: kafka-down ## stop the services started by services-up
+services-down: kafka-down redis-down ## stop the services started by services-up
 	@true
 
 kafka-up: ## start the project's Kafka broker on 127.0.0.1:19092 (jars from Maven on first run)
@@ -50,6 +50,12 @@ kafka-up: ## start the project's Kafka broker on 127.0.0.1:19092 (jars from Mave
 
 kafka-down: ## stop the project's Kafka broker (its data stays in .cache/kafka)
 	bash scripts/kafka.sh down
+
+redis-up: ## start the project's Redis on 127.0.0.1:16379 (apt-get installs redis-server if missing)
+	bash scripts/redis.sh up
+
+redis-down: ## stop the project's Redis (no persistence: the store is rebuilt by precompute)
+	bash scripts/redis.sh down
 
 clean: ## remove outputs (keeps .venv)
 	rm -rf out .pytest_cache .mypy_cache .ruff_cache

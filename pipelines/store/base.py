@@ -1,0 +1,240 @@
+"""The online store interface: write and read representations in batches, with ages.
+
+A backend implements five byte-level methods (``_put``, ``_get``, ``_delete``,
+``_versions``, ``clear``); encoding, expiry and staleness live here once, so every
+backend answers the same way and one test suite covers them all.
+
+Semantics, identical on every backend:
+
+- keys are ``(user_id, ad_id)``; ``ad_id`` None is the user-level representation;
+- a write keeps the newest record: a row whose ``computed_at`` is older than the stored
+  one is skipped (Beam retries and replays of an old snapshot cannot roll a key back);
+  an equal or newer ``computed_at`` overwrites;
+- ``age_s`` = clock() - computed_at. ``age_s > max_age_s`` is reported ``stale`` (data
+  and age still returned, never ``fresh``); ``age_s > expire_after_s`` reads as missing
+  (Redis also drops it physically, by its own clock, via ``PXAT``).
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+
+import numpy as np
+import pyarrow as pa
+
+from pipelines.errors import PipelinesError
+from pipelines.store.batch import RepresentationArrays
+from pipelines.store.codec import (
+    ENCODINGS,
+    DecodedRecords,
+    Encoding,
+    Key,
+    computed_at_of,
+    encode_key,
+    encode_keys,
+    encode_records,
+    version_id,
+)
+from pipelines.store.result import ReadResult, RequestRead
+
+__all__ = [
+    "Clock",
+    "ManualClock",
+    "OnlineStore",
+    "StoreFullError",
+    "StoreOptions",
+    "StoreUnavailableError",
+    "WriteReport",
+]
+
+#: Seconds since the epoch, like ``time.time``.
+Clock = Callable[[], float]
+
+
+class StoreUnavailableError(PipelinesError, ConnectionError):
+    """The store's server cannot be reached (the message says how to start it)."""
+
+
+class StoreFullError(PipelinesError):
+    """The store refused a write for lack of space (the message names the setting to raise)."""
+
+
+class ManualClock:
+    """A clock that moves only when told to: ``clock.advance(3600)``. For tests and replays."""
+
+    def __init__(self, now_s: float | None = None) -> None:
+        self.now_s = time.time() if now_s is None else float(now_s)
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    def advance(self, seconds: float) -> None:
+        self.now_s += seconds
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    """Behaviour shared by every backend.
+
+    ``max_age_s``: older records read as stale (None: never stale). ``expire_after_s``:
+    older records read as missing and Redis expires them (None: kept forever); must be
+    at least ``max_age_s``. ``encoding``: how embeddings are stored (``float16`` or
+    ``int8`` with a per-record scale).
+    """
+
+    max_age_s: float | None = None
+    expire_after_s: float | None = None
+    encoding: Encoding = "float16"
+
+    def __post_init__(self) -> None:
+        for name in ("max_age_s", "expire_after_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        if self.max_age_s and self.expire_after_s and self.expire_after_s < self.max_age_s:
+            raise ValueError(
+                f"expire_after_s ({self.expire_after_s}) is below max_age_s ({self.max_age_s}): "
+                "stale records would vanish before they could be reported stale"
+            )
+        if self.encoding not in ENCODINGS:
+            raise ValueError(f"encoding must be one of {ENCODINGS}, got {self.encoding!r}")
+
+
+@dataclass(frozen=True)
+class WriteReport:
+    """``written`` records stored, ``skipped_older`` kept out by a newer stored record."""
+
+    written: int
+    skipped_older: int
+    value_bytes: int
+
+
+class OnlineStore(abc.ABC):
+    """Representations by (user_id, ad_id|None). Open one with ``pipelines.store.open_store``."""
+
+    def __init__(self, options: StoreOptions | None = None, clock: Clock | None = None) -> None:
+        self.options = options or StoreOptions()
+        self.clock: Clock = clock or time.time
+        self._version_names: dict[int, str] = {}
+
+    # -- the backend's part ------------------------------------------------------------
+    @abc.abstractmethod
+    def _put(self, keys: list[bytes], values: list[bytes], versions: dict[int, str]) -> int:
+        """Store values unless the stored record is newer; record ``versions``; one round trip."""
+
+    @abc.abstractmethod
+    def _get(self, keys: list[bytes]) -> list[bytes | None]:
+        """The stored values, None where absent; one round trip."""
+
+    @abc.abstractmethod
+    def _delete(self, keys: list[bytes]) -> int:
+        """Remove keys; the number that existed."""
+
+    @abc.abstractmethod
+    def _versions(self, ids: list[int]) -> dict[int, str]:
+        """The model_version strings of ``ids`` (only called for ids not seen before)."""
+
+    @abc.abstractmethod
+    def clear(self) -> None:
+        """Remove every record and version of this store (its namespace or file)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release connections and file handles."""
+
+    # -- the public part -----------------------------------------------------------------
+    def write_batch(self, batch: pa.Table | pa.RecordBatch | RepresentationArrays) -> WriteReport:
+        """Write representations (REPRESENTATION layout table, or arrays) in one round trip."""
+        arrays = batch if isinstance(batch, RepresentationArrays) else RepresentationArrays.from_arrow(batch)
+        if len(arrays) == 0:
+            return WriteReport(0, 0, 0)
+        names = {version_id(v): v for v in set(arrays.model_version.tolist())}
+        ids = np.fromiter((version_id(v) for v in arrays.model_version.tolist()), np.uint64, len(arrays))
+        int8 = arrays.int8_codes() if self.options.encoding == "int8" else None
+        values = encode_records(
+            encoding=self.options.encoding,
+            values=arrays.values(),
+            codes=None if int8 is None else int8[0],
+            scale=None if int8 is None else int8[1],
+            p_click=arrays.p_click,
+            p_conversion=arrays.p_conversion,
+            version_ids=ids,
+            computed_at_ms=arrays.computed_at_ms,
+            history_watermark_ms=arrays.history_watermark_ms,
+        )
+        keys = encode_keys(arrays.user_id, arrays.ad_id, arrays.has_ad)
+        keys, values = _last_per_key(keys, values)
+        written = self._put(keys, values, names)
+        self._version_names.update(names)
+        return WriteReport(written, len(keys) - written, sum(map(len, values)))
+
+    def read_batch(self, keys: Sequence[Key], *, max_age_s: float | None = None) -> ReadResult:
+        """Read ``keys`` in one round trip; ``max_age_s`` overrides the store's bound for this read."""
+        values = self._get([encode_key(user, ad) for user, ad in keys])
+        decoded = DecodedRecords(values)
+        ids = {int(v) for v in decoded["version_id"]}
+        unknown = sorted(ids - self._version_names.keys())
+        if unknown:
+            self._version_names.update(self._versions(unknown))
+        return ReadResult.build(
+            keys,
+            decoded,
+            self._version_names,
+            now_s=self.clock(),
+            max_age_s=self.options.max_age_s if max_age_s is None else max_age_s,
+            expire_after_s=self.options.expire_after_s,
+        )
+
+    def read_for_request(
+        self,
+        user_id: int,
+        ad_ids: Iterable[int],
+        neighbor_ids: Iterable[int] = (),
+        *,
+        max_age_s: float | None = None,
+    ) -> RequestRead:
+        """A request's exact pairs, the user-level record and neighbours' pairs, in one round trip."""
+        ads = np.fromiter(ad_ids, dtype=np.int64)
+        neighbors = np.fromiter(neighbor_ids, dtype=np.int64)
+        ad_list = ads.tolist()
+        keys: list[Key] = [(user_id, a) for a in ad_list]
+        keys.append((user_id, None))
+        keys.extend((n, a) for n in neighbors.tolist() for a in ad_list)
+        result = self.read_batch(keys, max_age_s=max_age_s)
+        a = len(ad_list)
+        return RequestRead(
+            user_id=user_id,
+            ad_ids=ads,
+            neighbor_ids=neighbors,
+            pairs=result.take(slice(0, a)),
+            user=result.take(slice(a, a + 1)),
+            neighbor_pairs=result.take(slice(a + 1, None)),
+        )
+
+    def delete_batch(self, keys: Sequence[Key]) -> int:
+        """Remove ``keys``; returns how many existed."""
+        return self._delete([encode_key(user, ad) for user, ad in keys]) if keys else 0
+
+    def __enter__(self) -> OnlineStore:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def _last_per_key(keys: list[bytes], values: list[bytes]) -> tuple[list[bytes], list[bytes]]:
+    """Keep one value per key: the newest, the later row on a tie (as if written in order)."""
+    if len(set(keys)) == len(keys):
+        return keys, values
+    best: dict[bytes, bytes] = {}
+    for key, value in zip(keys, values, strict=True):
+        old = best.get(key)
+        if old is None or computed_at_of(old) <= computed_at_of(value):
+            best[key] = value
+    return list(best), list(best.values())

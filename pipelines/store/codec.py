@@ -1,0 +1,206 @@
+"""The store's binary record and key layouts (pure numpy, no I/O).
+
+Value (little-endian, one numpy structured dtype per (encoding, dim)):
+
+    offset  field                 type
+    0       magic                 u1   RECORD_MAGIC (the value layout's version)
+    1       encoding              u1   0 = float16, 1 = int8 (value = code * scale)
+    2       dim                   u2
+    4       p_click               f4
+    8       p_conversion          f4
+    12      scale                 f4   1.0 for float16 records
+    16      version_id            u8   blake2b-64 of model_version (strings interned per store)
+    24      computed_at_ms        i8   epoch ms; the Redis newest-wins script reads it here
+    32      history_watermark_ms  i8   NULL_MS when null
+    40      embedding             f2[dim] or i1[dim]
+
+so a 64-dim record is 168 bytes as float16 and 104 bytes as int8. Key: the user id
+as 8 big-endian bytes for a user-level representation, followed by the ad id (8 more)
+for a pair, so a user's records share a prefix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+
+Encoding = Literal["float16", "int8"]
+ENCODINGS: tuple[Encoding, ...] = ("float16", "int8")
+Key = tuple[int, int | None]
+
+RECORD_MAGIC = 1
+NULL_MS = np.iinfo(np.int64).min
+HEADER_BYTES = 40
+COMPUTED_AT_OFFSET = 24
+_ENCODING_CODE: dict[str, int] = {"float16": 0, "int8": 1}
+_CODE_DTYPE = {0: "<f2", 1: "i1"}
+_USER = struct.Struct(">q")
+_PAIR = struct.Struct(">qq")
+
+
+def record_dtype(encoding: Encoding, dim: int) -> np.dtype:
+    """The structured dtype of one stored value."""
+    return np.dtype(
+        [
+            ("magic", "u1"),
+            ("encoding", "u1"),
+            ("dim", "<u2"),
+            ("p_click", "<f4"),
+            ("p_conversion", "<f4"),
+            ("scale", "<f4"),
+            ("version_id", "<u8"),
+            ("computed_at_ms", "<i8"),
+            ("history_watermark_ms", "<i8"),
+            ("embedding", _CODE_DTYPE[_ENCODING_CODE[encoding]], (dim,)),
+        ]
+    )
+
+
+def record_nbytes(encoding: Encoding, dim: int) -> int:
+    """Bytes of one stored value (the key adds 8 for a user, 16 for a pair)."""
+    return record_dtype(encoding, dim).itemsize
+
+
+def version_id(model_version: str) -> int:
+    """The 64-bit id under which ``model_version`` is stored in every record."""
+    return int.from_bytes(hashlib.blake2b(model_version.encode(), digest_size=8).digest(), "little")
+
+
+def encode_key(user_id: int, ad_id: int | None) -> bytes:
+    """The key of ``(user_id, ad_id)``; ``ad_id`` None is the user-level representation."""
+    return _USER.pack(user_id) if ad_id is None else _PAIR.pack(user_id, ad_id)
+
+
+def encode_keys(user_id: np.ndarray, ad_id: np.ndarray, has_ad: np.ndarray) -> list[bytes]:
+    """Vectorised :func:`encode_key`: ``user_id``, ``ad_id`` int64 (N,), ``has_ad`` bool (N,)."""
+    packed = np.empty((len(user_id), 2), dtype=">i8")
+    packed[:, 0] = user_id
+    packed[:, 1] = ad_id
+    buf = packed.tobytes()
+    return [buf[16 * i : 16 * i + (16 if pair else 8)] for i, pair in enumerate(has_ad.tolist())]
+
+
+def decode_key(key: bytes) -> Key:
+    """Inverse of :func:`encode_key`."""
+    if len(key) == 8:
+        return _USER.unpack(key)[0], None
+    user, ad = _PAIR.unpack(key)
+    return user, ad
+
+
+def quantize_int8(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric per-row int8: ``values`` (N, D) float -> codes int8 (N, D), scale float32 (N,).
+
+    ``codes * scale`` reconstructs each value within ``scale / 2``; an all-zero row gets scale 1.
+    """
+    peak = np.abs(values).max(axis=1) if values.shape[1] else np.zeros(len(values))
+    scale = np.where(peak > 0, peak / 127.0, 1.0).astype(np.float32)
+    codes = np.clip(np.rint(values / scale[:, None]), -127, 127).astype(np.int8)
+    return codes, scale
+
+
+def encode_records(
+    *,
+    encoding: Encoding,
+    values: np.ndarray,
+    codes: np.ndarray | None,
+    scale: np.ndarray | None,
+    p_click: np.ndarray,
+    p_conversion: np.ndarray,
+    version_ids: np.ndarray,
+    computed_at_ms: np.ndarray,
+    history_watermark_ms: np.ndarray,
+) -> list[bytes]:
+    """Pack N records into N byte strings of :func:`record_nbytes` each.
+
+    ``values`` (N, D) float32 are the real embedding values. For ``int8``, ``codes``
+    (N, D) int8 and ``scale`` (N,) are stored as given when not None (already-quantised
+    input stays exact), otherwise ``values`` are quantised per row.
+    """
+    n, dim = values.shape
+    rec = np.zeros(n, dtype=record_dtype(encoding, dim))
+    rec["magic"] = RECORD_MAGIC
+    rec["encoding"] = _ENCODING_CODE[encoding]
+    rec["dim"] = dim
+    if encoding == "float16":
+        rec["embedding"] = values.astype(np.float16)
+        rec["scale"] = 1.0
+    else:
+        if codes is None or scale is None:
+            codes, scale = quantize_int8(values)
+        rec["embedding"] = codes
+        rec["scale"] = scale
+    rec["p_click"] = p_click
+    rec["p_conversion"] = p_conversion
+    rec["version_id"] = version_ids
+    rec["computed_at_ms"] = computed_at_ms
+    rec["history_watermark_ms"] = history_watermark_ms
+    buf = rec.tobytes()
+    size = rec.dtype.itemsize
+    return [buf[i * size : (i + 1) * size] for i in range(n)]
+
+
+def computed_at_of(value: bytes) -> int:
+    """The ``computed_at_ms`` of one encoded record (no full decode)."""
+    return int.from_bytes(value[COMPUTED_AT_OFFSET : COMPUTED_AT_OFFSET + 8], "little", signed=True)
+
+
+class DecodedRecords:
+    """Present records of one read, decoded group by group.
+
+    ``index`` (M,) are the positions of the present values in the request; fields
+    are (M,) arrays in that order (``codes`` (M, D) float16, int8 codes widened exactly).
+    """
+
+    def __init__(self, values: Sequence[bytes | None]) -> None:
+        groups: dict[bytes, list[int]] = {}
+        for i, value in enumerate(values):
+            if value is not None:
+                groups.setdefault(value[:4], []).append(i)
+        dims = {int.from_bytes(head[2:4], "little") for head in groups}
+        if len(dims) > 1:
+            raise ValueError(f"one read returned embeddings of several dims {sorted(dims)}")
+        self.dim = dims.pop() if dims else 0
+        order = [i for members in groups.values() for i in members]
+        self.index = np.asarray(order, dtype=np.int64)
+        parts = [self._decode(head, [values[i] for i in members]) for head, members in groups.items()]
+        self._fields = {name: _concat([p[name] for p in parts], name, self.dim) for name in _FIELDS}
+
+    @staticmethod
+    def _decode(head: bytes, members: list[bytes | None]) -> dict[str, np.ndarray]:
+        if head[0] != RECORD_MAGIC or head[1] not in _CODE_DTYPE:
+            raise ValueError(f"unknown record layout (magic {head[0]}, encoding {head[1]})")
+        encoding: Encoding = "float16" if head[1] == 0 else "int8"
+        dtype = record_dtype(encoding, int.from_bytes(head[2:4], "little"))
+        rec = np.frombuffer(b"".join(m for m in members if m is not None), dtype=dtype)
+        out = {name: rec[name] for name in _FIELDS if name not in ("codes", "int8")}
+        out["codes"] = rec["embedding"].astype(np.float16)
+        out["int8"] = np.full(len(rec), head[1] == 1)
+        return out
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._fields[name]
+
+
+_FIELDS = (
+    "p_click",
+    "p_conversion",
+    "scale",
+    "version_id",
+    "computed_at_ms",
+    "history_watermark_ms",
+    "codes",
+    "int8",
+)
+
+
+def _concat(parts: list[np.ndarray], name: str, dim: int) -> np.ndarray:
+    if parts:
+        return np.concatenate(parts)
+    if name == "codes":
+        return np.zeros((0, dim), dtype=np.float16)
+    return np.zeros(0, dtype={"int8": np.bool_, "version_id": np.uint64}.get(name, np.float64))

@@ -1,0 +1,159 @@
+"""The Redis backend (``redis://host:port/db``): the store a fleet of ranking servers shares.
+
+Keys: ``<namespace>r:<codec key>`` (binary), values the codec's records; model versions
+in the hash ``<namespace>v``. Reads are MGETs sent in one pipeline (one round trip);
+writes go through a Lua script that keeps the newer record per key (compares the
+``computed_at_ms`` at byte 24 of the stored and the new value) and, with
+``expire_after_s``, sets ``PXAT computed_at + expire_after`` so Redis drops expired
+records by its own clock.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import cast
+
+import redis
+
+from pipelines.store.base import Clock, OnlineStore, StoreFullError, StoreOptions, StoreUnavailableError
+from pipelines.store.codec import COMPUTED_AT_OFFSET
+
+__all__ = ["DEFAULT_REDIS_URL", "RedisConfig", "RedisStore", "default_redis_url"]
+
+#: Where ``make redis-up`` (scripts/redis.sh) starts the project's server.
+DEFAULT_REDIS_URL = "redis://127.0.0.1:16379/0"
+
+_PUT = f"""
+local expire_ms = tonumber(ARGV[1])
+local written = 0
+for i, key in ipairs(KEYS) do
+  local new = ARGV[i + 1]
+  local at = struct.unpack('<i8', new, {COMPUTED_AT_OFFSET + 1})
+  local old = redis.call('GET', key)
+  if (not old) or struct.unpack('<i8', old, {COMPUTED_AT_OFFSET + 1}) <= at then
+    if expire_ms > 0 then
+      redis.call('SET', key, new, 'PXAT', at + expire_ms)
+    else
+      redis.call('SET', key, new)
+    end
+    written = written + 1
+  end
+end
+return written
+"""
+
+
+def default_redis_url() -> str:
+    """``$GEM_REDIS_URL``, else :data:`DEFAULT_REDIS_URL`."""
+    return os.environ.get("GEM_REDIS_URL") or DEFAULT_REDIS_URL
+
+
+@dataclass(frozen=True)
+class RedisConfig:
+    """``url``: redis-py URL. ``namespace``: key prefix, so several stores share a database.
+    ``chunk``: keys per MGET / script call. ``timeout_s``: socket timeout."""
+
+    url: str = DEFAULT_REDIS_URL
+    namespace: str = "gem:rep:"
+    chunk: int = 1000
+    timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.chunk < 1 or not self.timeout_s > 0:
+            raise ValueError(f"chunk ({self.chunk}) and timeout_s ({self.timeout_s}) must be positive")
+
+
+class RedisStore(OnlineStore):
+    """Representations in a Redis database, under one key namespace."""
+
+    def __init__(self, config: RedisConfig, options: StoreOptions | None = None, clock: Clock | None = None):
+        super().__init__(options, clock)
+        self.config = config
+        self._client = redis.Redis.from_url(
+            config.url, socket_timeout=config.timeout_s, socket_connect_timeout=config.timeout_s
+        )
+        self._prefix = config.namespace.encode() + b"r:"
+        self._versions_key = config.namespace.encode() + b"v"
+        self._script = self._client.register_script(_PUT)
+
+    def ping(self) -> None:
+        """Raise :class:`StoreUnavailableError` unless the server answers."""
+        with self._errors():
+            self._client.ping()
+
+    def _put(self, keys: list[bytes], values: list[bytes], versions: dict[int, str]) -> int:
+        expire_ms = int(self.options.expire_after_s * 1000) if self.options.expire_after_s else 0
+        full = [self._prefix + key for key in keys]
+        step = self.config.chunk
+        with self._errors():
+            pipe = self._client.pipeline(transaction=False)
+            if versions:
+                pipe.hset(self._versions_key, mapping={str(k): v for k, v in versions.items()})
+            for i in range(0, len(full), step):
+                self._script(keys=full[i : i + step], args=[expire_ms, *values[i : i + step]], client=pipe)
+            replies = pipe.execute()
+        return sum(int(r) for r in replies[1 if versions else 0 :])
+
+    def _get(self, keys: list[bytes]) -> list[bytes | None]:
+        full = [self._prefix + key for key in keys]
+        step = self.config.chunk
+        with self._errors():
+            if len(full) <= step:
+                return cast(list[bytes | None], self._client.mget(full)) if full else []
+            pipe = self._client.pipeline(transaction=False)
+            for i in range(0, len(full), step):
+                pipe.mget(full[i : i + step])
+            return [value for reply in pipe.execute() for value in cast(list[bytes | None], reply)]
+
+    def _delete(self, keys: list[bytes]) -> int:
+        full = [self._prefix + key for key in keys]
+        with self._errors():
+            pipe = self._client.pipeline(transaction=False)
+            for i in range(0, len(full), self.config.chunk):
+                pipe.delete(*full[i : i + self.config.chunk])
+            return sum(int(n) for n in pipe.execute())
+
+    def _versions(self, ids: list[int]) -> dict[int, str]:
+        with self._errors():
+            names = cast(list[bytes | None], self._client.hmget(self._versions_key, [str(vid) for vid in ids]))
+        return {vid: name.decode() for vid, name in zip(ids, names, strict=True) if name is not None}
+
+    def clear(self) -> None:
+        pattern = re.sub(rb"([*?\[\]\\])", rb"\\\1", self.config.namespace.encode()) + b"*"
+        with self._errors():
+            batch: list[bytes] = []
+            for key in self._client.scan_iter(match=pattern, count=1000):
+                batch.append(key)
+                if len(batch) >= 1000:
+                    self._client.unlink(*batch)
+                    batch.clear()
+            if batch:
+                self._client.unlink(*batch)
+        self._version_names.clear()
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __repr__(self) -> str:
+        return f"RedisStore({self.config.url!r}, namespace={self.config.namespace!r})"
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StoreUnavailableError(
+                f"cannot reach Redis at {self.config.url} ({exc}); start the project's server with "
+                f"`make redis-up` or point --store / GEM_REDIS_URL at a running one"
+            ) from exc
+        except redis.ResponseError as exc:
+            if str(exc).startswith("OOM"):
+                raise StoreFullError(
+                    f"Redis at {self.config.url} is out of memory ({exc}); raise its maxmemory "
+                    "(GEM_REDIS_MAXMEMORY for make redis-up) or set expire_after"
+                ) from exc
+            raise

@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# The project's Redis: the online representation store's real backend.
+#
+#   scripts/redis.sh up       install Debian's redis-server if missing, start it, wait for PING
+#   scripts/redis.sh down     stop the server started by `up` (SHUTDOWN NOSAVE, then SIGTERM/SIGKILL)
+#   scripts/redis.sh status   exit 0 when the server answers PING, 3 when it is down
+#
+# One redis-server on 127.0.0.1:$GEM_REDIS_PORT (default 16379); its pid file, log and
+# data dir live under $REDIS_STATE (default .cache/redis, git-ignored). No snapshots and
+# no AOF: the store is rebuilt by precompute; maxmemory with `noeviction`, so a full
+# server fails writes loudly instead of dropping representations. `up` is idempotent
+# and safe to run concurrently (flock). Clients find it through
+# GEM_REDIS_URL=redis://127.0.0.1:16379/0.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+STATE="${REDIS_STATE:-$ROOT/.cache/redis}"
+PORT="${GEM_REDIS_PORT:-16379}"
+MAXMEMORY="${GEM_REDIS_MAXMEMORY:-4gb}"
+WAIT_S="${REDIS_WAIT_S:-20}"
+PIDFILE="$STATE/redis.pid"
+LOG="$STATE/redis.log"
+
+log() { echo "redis: $*" >&2; }
+
+answers() { command -v redis-cli >/dev/null && [[ "$(redis-cli -h 127.0.0.1 -p "$PORT" ping 2>/dev/null)" == PONG ]]; }
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; }
+
+alive() { kill -0 "$1" 2>/dev/null && grep -q "redis-server" "/proc/$1/cmdline" 2>/dev/null; }  # not a zombie
+
+our_pid() {
+    # Prints the pid of the server started from this state dir, if it is alive.
+    [[ -f "$PIDFILE" ]] || return 1
+    local pid
+    pid="$(cat "$PIDFILE")"
+    if [[ -n "$pid" ]] && alive "$pid"; then
+        echo "$pid"
+        return 0
+    fi
+    rm -f "$PIDFILE"
+    return 1
+}
+
+install() {
+    command -v redis-server >/dev/null && command -v redis-cli >/dev/null && return 0
+    if [[ "$(id -u)" != 0 ]]; then
+        log "redis-server is not installed; run: sudo apt-get install -y redis-server"
+        exit 1
+    fi
+    log "installing Debian's redis-server ..."
+    export DEBIAN_FRONTEND=noninteractive
+    local apt=(apt-get install -y -qq --no-install-recommends redis-server)
+    "${apt[@]}" >"$STATE/apt.log" 2>&1 || { apt-get update -qq >>"$STATE/apt.log" 2>&1 && "${apt[@]}" >>"$STATE/apt.log" 2>&1; } || {
+        log "apt-get install redis-server failed; last lines of $STATE/apt.log:"
+        tail -n 20 "$STATE/apt.log" >&2
+        exit 1
+    }
+    log "installed $(redis-server --version | cut -d' ' -f1-3)"
+}
+
+start() {
+    if pid="$(our_pid)" && answers; then
+        log "already up (pid $pid) on 127.0.0.1:$PORT"
+        return 0
+    fi
+    if [[ -z "${pid:-}" ]] && port_open; then
+        log "127.0.0.1:$PORT is taken by a process this script did not start;" \
+            "stop it or choose another port with GEM_REDIS_PORT=..."
+        exit 1
+    fi
+    install
+    if [[ -z "${pid:-}" ]]; then
+        [[ -f "$LOG" ]] && mv -f "$LOG" "$LOG.1"
+        log "starting redis-server on 127.0.0.1:$PORT (log: $LOG)"
+        # 9>&-: the daemon must not inherit (and so hold) the lock taken below.
+        redis-server --bind 127.0.0.1 --port "$PORT" --protected-mode yes --daemonize yes \
+            --pidfile "$PIDFILE" --logfile "$LOG" --dir "$STATE" \
+            --save '' --appendonly no --maxmemory "$MAXMEMORY" --maxmemory-policy noeviction 9>&-
+    fi
+    local waited=0
+    until answers; do
+        if ((waited >= WAIT_S * 10)); then
+            log "no PONG within ${WAIT_S}s; last lines of $LOG:"
+            tail -n 20 "$LOG" >&2 || true
+            exit 1
+        fi
+        sleep 0.1
+        waited=$((waited + 1))
+    done
+    log "up (pid $(cat "$PIDFILE")) on 127.0.0.1:$PORT"
+}
+
+down() {
+    local pid
+    if ! pid="$(our_pid)"; then
+        log "not running"
+        return 0
+    fi
+    log "stopping pid $pid"
+    redis-cli -h 127.0.0.1 -p "$PORT" shutdown nosave >/dev/null 2>&1 || kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 100); do
+        alive "$pid" || break
+        sleep 0.1
+    done
+    if alive "$pid"; then
+        log "pid $pid still alive after 10 s; sending SIGKILL"
+        kill -KILL "$pid" 2>/dev/null || true
+    fi
+    rm -f "$PIDFILE"
+    log "down"
+}
+
+status() {
+    if answers; then
+        echo "redis: up (pid $(our_pid || echo '?')) on 127.0.0.1:$PORT; state $STATE"
+        return 0
+    fi
+    echo "redis: down (start it with: make redis-up)"
+    return 3
+}
+
+mkdir -p "$STATE"
+lock() {
+    exec 9>"$STATE/.lock"
+    flock -w 60 9 || { log "another scripts/redis.sh has held $STATE/.lock for 60 s"; exit 1; }
+}
+
+case "${1:-}" in
+    up)
+        lock
+        start
+        ;;
+    down)
+        lock
+        down
+        ;;
+    status) status ;;
+    *)
+        echo "usage: $0 up|down|status" >&2
+        exit 2
+        ;;
+esac
