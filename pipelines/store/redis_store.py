@@ -10,6 +10,7 @@ records by its own clock.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from collections.abc import Iterator
@@ -134,6 +135,14 @@ class RedisStore(OnlineStore):
             if batch:
                 self._client.unlink(*batch)
         self._version_names.clear()
+
+    def memory_per_record(self, sample: int = 200) -> float:
+        """Mean ``MEMORY USAGE`` of up to ``sample`` record keys (value, key and Redis overhead)."""
+        pattern = re.sub(rb"([*?\[\]\\])", rb"\\\1", self._prefix) + b"*"
+        with self._errors():
+            keys = list(itertools.islice(self._client.scan_iter(match=pattern, count=1000), sample))
+            usage = [int(self._client.memory_usage(k) or 0) for k in keys]
+        return sum(usage) / len(usage) if usage else 0.0
 
     def close(self) -> None:
         self._client.close()

@@ -1,0 +1,180 @@
+"""Online store: read latency of one 200-candidate request and write throughput, LMDB vs Redis.
+
+Both backends get the same records (user-level + pair representations, 64 float16
+dims, written in batches of 10,000 as precompute would) and the same requests: one
+``read_for_request`` of 200 candidate ads (about half stored) plus the user-level
+record, one round trip, decoded into arrays with ages and staleness: what the
+resolver pays. Ratio = a 5 ms p99 bound / the embedded store's measured p99
+(target 1); Redis's figures and its own ratio are printed beside it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np
+import pyarrow as pa
+
+from bench.common import QUICK, ROOT, WORK, result
+from pipelines.store import (
+    LmdbConfig,
+    LmdbStore,
+    OnlineStore,
+    RedisConfig,
+    RedisStore,
+    StoreUnavailableError,
+    default_redis_url,
+    record_nbytes,
+)
+from schemas.layouts import representation_schema
+
+P99_BOUND_MS = 5.0
+DIM = 64
+CANDIDATES = 200
+BATCH = 10_000
+
+
+def batches(users: int, ads_per_user: int, seed: int = 5) -> list[pa.Table]:
+    """User-level + pair records: user u holds ads (u * 7 + j * 13) % 5000 for j < ads_per_user."""
+    rng = np.random.default_rng(seed)
+    per_user = ads_per_user + 1
+    user_id = np.repeat(np.arange(users, dtype=np.int64), per_user)
+    slot = np.tile(np.arange(per_user, dtype=np.int64), users)
+    ad_id = (user_id * 7 + (slot - 1) * 13) % 5000
+    now_ms = int(time.time() * 1000)
+    out = []
+    for start in range(0, len(user_id), BATCH):
+        n = min(BATCH, len(user_id) - start)
+        emb = rng.normal(size=n * DIM).astype(np.float16)
+        times = pa.array(np.full(n, now_ms), pa.int64()).cast(pa.timestamp("ms", tz="UTC"))
+        out.append(pa.Table.from_arrays([
+            pa.array(user_id[start:start + n]),
+            pa.array(ad_id[start:start + n], mask=slot[start:start + n] == 0),
+            pa.FixedSizeListArray.from_arrays(pa.array(emb, pa.float16()), DIM),
+            pa.nulls(n, pa.float32()),
+            pa.array(rng.random(n, dtype=np.float32)),
+            pa.array(rng.random(n, dtype=np.float32) / 10),
+            pa.array(["gem-bench-v1"] * n),
+            times,
+            times,
+        ], schema=representation_schema(DIM)))
+    return out
+
+
+def requests(users: int, ads_per_user: int, count: int, seed: int = 9) -> list[tuple[int, np.ndarray]]:
+    """(user, 200 ads): about half of them stored for that user, the rest not."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for user in rng.integers(0, users, size=count).tolist():
+        held = (user * 7 + np.arange(ads_per_user) * 13) % 5000
+        k = min(len(held), CANDIDATES // 2)
+        ads = np.concatenate([rng.choice(held, k, replace=False), rng.integers(5000, 10**9, CANDIDATES - k)])
+        out.append((user, rng.permutation(ads)))
+    return out
+
+
+def write_all(store: OnlineStore, tables: list[pa.Table]) -> float:
+    start = time.perf_counter()
+    written = sum(store.write_batch(t).written for t in tables)
+    seconds = time.perf_counter() - start
+    assert written == sum(t.num_rows for t in tables), "store skipped records"
+    return written / seconds
+
+
+def read_latencies(
+    stores: dict[str, OnlineStore], reqs: list[tuple[int, np.ndarray]], neighbors: int = 0
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per store, (wall ms, thread CPU ms) of each request; stores take turns request by request,
+    so load from other processes on the machine falls on both alike."""
+    for store in stores.values():
+        for user, ads in reqs[:50]:  # warm-up: page cache, connection, version cache
+            store.read_for_request(user, ads)
+    out = {name: (np.empty(len(reqs)), np.empty(len(reqs))) for name in stores}
+    found = dict.fromkeys(stores, 0)
+    for i, (user, ads) in enumerate(reqs):
+        near = [(user + d) % 1000 for d in range(1, neighbors + 1)]
+        for name, store in stores.items():
+            wall, cpu = time.perf_counter(), time.thread_time()
+            got = store.read_for_request(user, ads, near)
+            out[name][1][i] = (time.thread_time() - cpu) * 1000
+            out[name][0][i] = (time.perf_counter() - wall) * 1000
+            found[name] += int(got.pairs.found.sum())
+    for name, count in found.items():
+        assert count >= len(reqs) * CANDIDATES // 4, f"{name}: only {count} pairs found: wrong keys?"
+    return out
+
+
+def ensure_redis(url: str) -> None:
+    probe = RedisStore(RedisConfig(url))
+    try:
+        probe.ping()
+    except StoreUnavailableError:
+        print("redis not reachable: starting it with scripts/redis.sh up", flush=True)
+        subprocess.run(["bash", str(ROOT / "scripts" / "redis.sh"), "up"], check=True)
+    finally:
+        probe.close()
+
+
+def main() -> None:
+    users, ads_per_user, n_requests = (2_000, 100, 1_000) if QUICK else (10_000, 100, 5_000)
+    tables = batches(users, ads_per_user)
+    records = sum(t.num_rows for t in tables)
+    reqs = requests(users, ads_per_user, n_requests)
+    url = default_redis_url()
+    ensure_redis(url)
+    lmdb_dir = WORK / "store-lmdb"
+    shutil.rmtree(lmdb_dir, ignore_errors=True)
+    stores: dict[str, OnlineStore] = {
+        "lmdb": LmdbStore(LmdbConfig(str(lmdb_dir))),
+        "redis": RedisStore(RedisConfig(url, f"bench:{uuid.uuid4().hex[:8]}:")),
+    }
+    figures: dict[str, dict[str, float]] = {}
+    try:
+        for name, store in stores.items():
+            figures[name] = {"write": write_all(store, tables)}
+        narrow = read_latencies(stores, reqs)
+        wide = read_latencies(stores, reqs[: max(100, n_requests // 10)], neighbors=10)
+        for name, f in figures.items():
+            (wall, cpu), wide_wall = narrow[name], wide[name][0]
+            f.update(p50=float(np.percentile(wall, 50)), p99=float(np.percentile(wall, 99)))
+            print(f"{name:5s}: write {f['write'] / 1e3:6.1f} k records/s | one request of {CANDIDATES} "
+                  f"candidates + user: wall p50 {f['p50']:.3f} ms  p99 {f['p99']:.3f} ms "
+                  f"(this thread's CPU: p50 {np.percentile(cpu, 50):.3f}  p99 {np.percentile(cpu, 99):.3f}) "
+                  f"| with 10 neighbours ({CANDIDATES * 11 + 1} keys): p50 {np.percentile(wide_wall, 50):.2f} "
+                  f"p99 {np.percentile(wide_wall, 99):.2f} ms", flush=True)
+        print_sizes(stores, records)
+    finally:
+        stores["redis"].clear()
+        for store in stores.values():
+            store.close()
+        shutil.rmtree(lmdb_dir, ignore_errors=True)
+    lm, rd = figures["lmdb"], figures["redis"]
+    result("store", P99_BOUND_MS / lm["p99"], 1,
+           f"{P99_BOUND_MS:g} ms bound / embedded p99; lmdb p50 {lm['p50']:.3f} p99 {lm['p99']:.3f} ms, "
+           f"write {lm['write'] / 1e3:.0f}k rec/s; redis p50 {rd['p50']:.3f} p99 {rd['p99']:.3f} ms "
+           f"(ratio {P99_BOUND_MS / rd['p99']:.2f}), write {rd['write'] / 1e3:.0f}k rec/s; "
+           f"{records} records x {DIM} dims, {n_requests} requests of {CANDIDATES}")
+
+
+def print_sizes(stores: dict[str, OnlineStore], records: int) -> None:
+    value = record_nbytes("float16", DIM)
+    print(f"record: {value} B value (float16 x {DIM}; int8: {record_nbytes('int8', DIM)} B) "
+          f"+ 16 B key (8 for user-level)")
+    lmdb_store = stores["lmdb"]
+    if isinstance(lmdb_store, LmdbStore):
+        size = os.path.getsize(os.path.join(lmdb_store.config.path, "data.mdb"))
+        print(f"lmdb: {size / records:.0f} B per record on disk ({size / 2**20:.0f} MiB for {records})")
+    redis_store = stores["redis"]
+    if isinstance(redis_store, RedisStore):
+        print(f"redis: {redis_store.memory_per_record():.0f} B per record in memory (MEMORY USAGE, sampled)")
+
+
+if __name__ == "__main__":
+    main()
