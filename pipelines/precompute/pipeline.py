@@ -1,0 +1,167 @@
+"""The precompute pipeline: candidates + histories → RunInference(GEM) → representations.
+
+Outputs ``OUTPUT/representations/shard=NNNNN/part-00000.parquet`` (REPRESENTATION
+layout), ``OUTPUT/dead_letters/part-00000.parquet``, ``OUTPUT/summary.json``, and
+the same representations in the online store when ``store`` is given. Counters
+prove pairs in = pairs out + pairs in dead letters.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from pipelines.errors import ConfigError, PipelinesError
+from pipelines.features.transforms import WriteDeadLetters, WriteSummary, sum_counts
+from pipelines.io.files import check_writable, expand_inputs, splits_of
+from pipelines.precompute.handler import Batching, GemModelHandler
+from pipelines.precompute.transforms import (
+    COUNTS,
+    DEAD,
+    AdCatalog,
+    PrepareRequests,
+    ReadCandidates,
+    RunGemInference,
+    WriteRepresentations,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PrecomputeConfig:
+    """Everything the precompute pipeline needs; validated on construction."""
+
+    features: str
+    candidates: Sequence[str]
+    model: str
+    output: str
+    store: str | None = None
+    all_users: bool = False
+    device: str = "auto"
+    batching: Batching = "tokens"
+    token_budget: int = 32_768
+    batch_size: int = 64
+    overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        if self.token_budget < 1:
+            raise ConfigError("--token-budget", f"got {self.token_budget}", "pass a positive number of tokens")
+        if self.batch_size < 1:
+            raise ConfigError("--batch-size", f"got {self.batch_size}", "pass a positive number of requests")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError("--device", f"got {self.device!r}", "pass auto, cpu or cuda")
+
+
+@dataclass(frozen=True)
+class _Resolved:
+    num_shards: int
+    watermark_ms: int | None
+    history_files: list[str]
+    model_version: str
+    max_len: int
+
+
+def _features_summary(features: str) -> dict[str, Any]:
+    path = f"{features.rstrip('/')}/summary.json"
+    if not FileSystems.exists(path):
+        raise ConfigError("--features", f"{features!r} has no summary.json",
+                          "point it at the --output folder of `python -m pipelines features`")
+    with FileSystems.open(path) as f:
+        return dict(json.loads(f.read()))
+
+
+def _watermark(history_files: Sequence[str]) -> int | None:
+    import pyarrow.parquet as pq
+
+    for path in history_files:
+        with FileSystems.open(path) as f:
+            table = pq.read_table(f, columns=["watermark"])
+        if table.num_rows:
+            return int(table.column("watermark").cast("int64")[0].as_py())
+    return None
+
+
+def _resolve(config: PrecomputeConfig) -> _Resolved:
+    from pipelines.model.checkpoint import CheckpointError, load_model
+
+    summary = _features_summary(config.features)
+    pattern = f"{config.features.rstrip('/')}/histories/*/*.parquet"
+    files = sorted(m.path for r in FileSystems.match([pattern]) for m in r.metadata_list)
+    try:
+        model = load_model(config.model, device="cpu")
+    except (CheckpointError, FileNotFoundError) as exc:
+        raise ConfigError("--model", str(exc), "point it at the --output folder of `python -m pipelines train`") \
+            from exc
+    return _Resolved(int(summary["num_shards"]), _watermark(files), files, model.model_version,
+                     model.config.max_len)
+
+
+def _check_output(config: PrecomputeConfig) -> None:
+    if FileSystems.exists(f"{config.output.rstrip('/')}/summary.json") and not config.overwrite:
+        raise ConfigError("--output", f"{config.output!r} already holds representations",
+                          "pass --overwrite or choose a new folder")
+    check_writable(config.output)
+    if config.overwrite:
+        for sub in ("representations", "dead_letters"):
+            path = f"{config.output.rstrip('/')}/{sub}"
+            if FileSystems.exists(path):
+                FileSystems.delete([path])
+
+
+def build_precompute(p: beam.Pipeline, config: PrecomputeConfig, resolved: _Resolved, splits: Sequence,
+                     computed_at_ms: int) -> None:
+    """Add the precompute steps to ``p``."""
+    read = p | "ReadCandidates" >> ReadCandidates(splits, num_shards=resolved.num_shards)
+    catalog = p | "AdCatalog" >> AdCatalog(resolved.history_files)
+    requests = read["candidates"] | "PrepareRequests" >> PrepareRequests(
+        config.features, beam.pvalue.AsSingleton(catalog), num_shards=resolved.num_shards,
+        max_len=resolved.max_len, all_users=config.all_users)
+    handler = GemModelHandler(config.model, device=config.device, batching=config.batching,
+                              token_budget=config.token_budget, batch_size=config.batch_size)
+    reps, failed = requests | "Infer" >> RunGemInference(handler)
+    written = reps | "WriteRepresentations" >> WriteRepresentations(
+        config.output, store_uri=config.store, model_version=resolved.model_version,
+        watermark_ms=resolved.watermark_ms, computed_at_ms=computed_at_ms)
+    dead = (read[DEAD], failed) | "AllDead" >> beam.Flatten()
+    _ = dead | "WriteDeadLetters" >> WriteDeadLetters(config.output)
+    failed_counts = failed | "FailedCounts" >> beam.Map(lambda t: {"inference_failures": t.num_rows})
+    extra = {"features": config.features, "candidates": list(config.candidates), "model": config.model,
+             "model_version": resolved.model_version, "store": config.store, "all_users": config.all_users,
+             "batching": config.batching, "token_budget": config.token_budget}
+    _ = (read[COUNTS], written, failed_counts) | "AllCounts" >> beam.Flatten() \
+        | "WriteSummary" >> WriteSummary(config.output, extra)
+
+
+def run_precompute(config: PrecomputeConfig, options: PipelineOptions, runner: object | None = None,
+                   clock: Callable[[], float] = time.time) -> dict:
+    """Validate, run, and return the summary (also written to ``<output>/summary.json``)."""
+    resolved = _resolve(config)
+    splits = splits_of(expand_inputs(config.candidates, "--candidates"))
+    _check_output(config)
+    started = time.perf_counter()
+    with beam.Pipeline(runner=runner, options=options) as p:  # type: ignore[arg-type]
+        build_precompute(p, config, resolved, splits, int(clock() * 1000))
+    with FileSystems.open(f"{config.output.rstrip('/')}/summary.json") as f:
+        summary = dict(json.loads(f.read()))
+    summary["seconds"] = round(time.perf_counter() - started, 3)
+    _check_balance(summary)
+    return summary
+
+
+def _check_balance(summary: dict) -> None:
+    """Pairs in = pairs out + pairs superseded by a later request of the same user + dead-lettered pairs."""
+    out = summary.get("pairs_out", 0) + summary.get("pairs_superseded", 0) + summary.get("dead_pairs", 0)
+    if summary.get("inference_failures", 0) == 0 and out != summary.get("pairs_in", 0):
+        raise PipelinesError(f"pair balance broken: {summary.get('pairs_in', 0)} in, {out} accounted")
+
+
+__all__ = ["PrecomputeConfig", "build_precompute", "run_precompute", "sum_counts"]

@@ -1,0 +1,77 @@
+"""Candidate sets → validated per-request model inputs (pure, no Beam).
+
+A *request element* is ``(request_id, GemBatch)``: the rows of one candidate set
+(one per ad, request-major) and each row's history prefix strictly before the
+request time. Invalid candidate rows become dead letters with a reason.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipelines.features.parse import dead_letter_table
+from pipelines.model.batch import GemBatch, HistoryIndex, build_candidate_batch, build_user_batch
+from schemas.enums import SURFACES
+
+STAGE = "precompute"
+MAX_ADS_PER_REQUEST = 10_000
+
+
+@dataclass(frozen=True)
+class CandidateCheck:
+    """Valid candidate rows and dead letters for the others."""
+
+    valid: pa.Table
+    dead_letters: pa.Table
+
+
+def _reasons(candidates: pa.Table) -> list[str | None]:
+    counts = pc.fill_null(pc.list_value_length(candidates.column("ad_ids")), -1).to_numpy(zero_copy_only=False)
+    users = pc.fill_null(candidates.column("user_id"), -1).to_numpy(zero_copy_only=False)
+    surfaces = pc.fill_null(candidates.column("surface"), -1).to_numpy(zero_copy_only=False)
+    times = candidates.column("request_time").is_null().to_numpy(zero_copy_only=False)
+    out: list[str | None] = []
+    for n, u, s, t in zip(counts, users, surfaces, times, strict=True):
+        out.append("empty_candidates" if n <= 0 else "too_many_candidates" if n > MAX_ADS_PER_REQUEST
+                   else "out_of_range" if u < 0 or not 0 <= s < len(SURFACES)
+                   else "missing_field" if t else None)
+    return out
+
+
+def check_candidates(candidates: pa.Table, source: str) -> CandidateCheck:
+    """Split candidate rows into valid ones and dead letters (``source`` = ``file:row``)."""
+    reasons = _reasons(candidates)
+    bad = [i for i, r in enumerate(reasons) if r is not None]
+    if not bad:
+        return CandidateCheck(candidates, dead_letter_table(STAGE, []))
+    rows = candidates.take(pa.array(bad)).to_pylist()
+    rejects = [(reasons[i], f"candidate row rejected: {reasons[i]}", json.dumps(row, default=str).encode(),
+                f"{source}:{i}") for i, row in zip(bad, rows, strict=True)]
+    keep = pa.array([r is None for r in reasons])
+    return CandidateCheck(candidates.filter(keep), dead_letter_table(STAGE, rejects))  # type: ignore[arg-type]
+
+
+def request_elements(index: HistoryIndex, candidates: pa.Table, *, max_len: int,
+                     catalog: pa.Table | None) -> list[tuple[str, GemBatch]]:
+    """One ``(request_id, GemBatch)`` per candidate row, rows in ad-list order."""
+    if candidates.num_rows == 0:
+        return []
+    batch = build_candidate_batch(index, candidates, max_len=max_len, catalog=catalog)
+    counts = pc.list_value_length(candidates.column("ad_ids")).to_numpy(zero_copy_only=False).astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    ids = candidates.column("request_id").to_pylist()
+    return [(rid, batch.select(np.arange(starts[i], starts[i + 1]))) for i, rid in enumerate(ids)]
+
+
+def user_elements(index: HistoryIndex, *, max_len: int, chunk: int = 256) -> list[tuple[str, GemBatch]]:
+    """User-level rows (no target ad) for every user with a history, in chunks of ``chunk`` users."""
+    if len(index.user_ids) == 0:
+        return []
+    batch = build_user_batch(index, max_len=max_len)
+    n = batch.num_rows
+    return [(f"users:{index.user_ids[s]}", batch.select(np.arange(s, min(s + chunk, n)))) for s in range(0, n, chunk)]

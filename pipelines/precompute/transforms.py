@@ -1,0 +1,220 @@
+"""Thin Beam wrappers of the precompute stage."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+from apache_beam.metrics import Metrics
+from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
+from apache_beam.pvalue import TaggedOutput
+
+from pipelines.features.parse import dead_letter_table
+from pipelines.features.sharding import split_by_shard
+from pipelines.features.transforms import shard_path
+from pipelines.io import arrow_coder  # noqa: F401 - registers the pa.Table coder
+from pipelines.io.files import Split, read_row_group
+from pipelines.io.parquet import read_table, write_table
+from pipelines.model.batch import HistoryIndex
+from pipelines.precompute.handler import GemModelHandler
+from pipelines.precompute.records import latest_per_key, representation_table
+from pipelines.precompute.requests import STAGE, check_candidates, request_elements, user_elements
+from schemas.layouts import HISTORY, REPRESENTATION
+
+__all__ = ["AdCatalog", "PrepareRequests", "ReadCandidates", "RunGemInference", "WriteRepresentations"]
+
+NAMESPACE = "precompute"
+DEAD, COUNTS = "dead_letters", "counts"
+
+
+class _ReadCandidatesFn(beam.DoFn):
+    def __init__(self, num_shards: int) -> None:
+        self._num_shards = num_shards
+
+    def process(self, split: Split) -> Iterator[Any]:
+        table = read_row_group(split)
+        check = check_candidates(table, split.path)
+        yield TaggedOutput(COUNTS, {"requests_in": table.num_rows, "pairs_in": _pairs(table),
+                                    "dead_letters": check.dead_letters.num_rows,
+                                    "dead_pairs": _pairs(table) - _pairs(check.valid)})
+        if check.dead_letters.num_rows:
+            yield TaggedOutput(DEAD, check.dead_letters)
+        yield from split_by_shard(check.valid, self._num_shards)
+
+
+def _pairs(candidates: pa.Table) -> int:
+    return int(pa.compute.sum(pa.compute.list_value_length(candidates.column("ad_ids"))).as_py() or 0)
+
+
+class ReadCandidates(beam.PTransform):
+    """Candidate Parquet splits → (shard, valid CANDIDATES table); tagged dead letters and counts."""
+
+    def __init__(self, splits: Sequence[Split], *, num_shards: int) -> None:
+        super().__init__()
+        self._splits, self._num_shards = list(splits), num_shards
+
+    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.pvalue.DoOutputsTuple:
+        return (
+            pbegin
+            | "Splits" >> beam.Create(self._splits)
+            | "Read" >> beam.ParDo(_ReadCandidatesFn(self._num_shards))
+            .with_output_types(tuple[int, pa.Table]).with_outputs(DEAD, COUNTS, main="candidates")
+        )
+
+
+class _PrepareFn(beam.DoFn):
+    """(shard, candidate tables) → (shard, GemBatch) per request (+ user-level chunks)."""
+
+    def __init__(self, features: str, max_len: int, all_users: bool) -> None:
+        self._features, self._max_len, self._all_users = features, max_len, all_users
+
+    def setup(self) -> None:
+        self._requests = Metrics.counter(NAMESPACE, "requests")
+
+    def process(self, element: tuple[int, Iterable[pa.Table]], catalog: pa.Table) -> Iterator[Any]:
+        shard, tables = element
+        candidates = [t for t in tables if t.num_rows]
+        if not candidates and not self._all_users:
+            return
+        index = HistoryIndex(self._histories(shard))
+        if candidates:
+            for _, batch in request_elements(index, pa.concat_tables(candidates), max_len=self._max_len,
+                                             catalog=catalog):
+                self._requests.inc()
+                yield shard, batch
+        if self._all_users:
+            for _, batch in user_elements(index, max_len=self._max_len):
+                yield shard, batch
+
+    def _histories(self, shard: int) -> pa.Table:
+        from apache_beam.io.filesystems import FileSystems
+
+        path = shard_path(self._features, "histories", shard)
+        return read_table(path, HISTORY) if FileSystems.exists(path) else HISTORY.schema.empty_table()
+
+
+class PrepareRequests(beam.PTransform):
+    """(shard, CANDIDATES) pairs → (shard, GemBatch) model inputs, joined to that shard's histories."""
+
+    def __init__(self, features: str, catalog: beam.pvalue.AsSingleton, *, num_shards: int, max_len: int,
+                 all_users: bool) -> None:
+        super().__init__()
+        self._features, self._catalog = features, catalog
+        self._num_shards, self._max_len, self._all_users = num_shards, max_len, all_users
+
+    def expand(self, keyed: beam.PCollection) -> beam.PCollection:
+        every_shard = keyed.pipeline | "AllShards" >> beam.Create(
+            [(s, pa.table({})) for s in range(self._num_shards)]).with_output_types(tuple[int, pa.Table])
+        return (
+            (keyed, every_shard)
+            | "WithEveryShard" >> beam.Flatten().with_output_types(tuple[int, pa.Table])
+            | "GroupByShard" >> beam.GroupByKey()
+            | "Prepare" >> beam.ParDo(_PrepareFn(self._features, self._max_len, self._all_users), self._catalog)
+        )
+
+
+class RunGemInference(beam.PTransform):
+    """(shard, GemBatch) → (shard, Representations) via RunInference; failures → dead letters (tagged)."""
+
+    def __init__(self, handler: GemModelHandler) -> None:
+        super().__init__()
+        self._handler = handler
+
+    def expand(self, keyed: beam.PCollection) -> tuple[beam.PCollection, beam.PCollection]:  # type: ignore[override]
+        main, other = keyed | "RunInference" >> RunInference(KeyedModelHandler(self._handler)) \
+            .with_exception_handling()
+        failed = other.failed_inferences | "FailedToDeadLetters" >> beam.Map(_inference_dead_letter)
+        reps = main | "Unwrap" >> beam.Map(lambda kv: (kv[0], kv[1].inference))
+        return reps, failed
+
+
+def _inference_dead_letter(failure: tuple[Any, Exception]) -> pa.Table:
+    batch, exc = failure
+    rows = [(int(b.user_id[0]) if b.num_rows else -1, b.num_rows) for _, b in batch]
+    payload = str(rows).encode()
+    return dead_letter_table(STAGE, [("inference_error", f"{type(exc).__name__}: {exc}"[:500], payload,
+                                      f"batch of {len(batch)} request(s)")])
+
+
+class _WriteShardFn(beam.DoFn):
+    def __init__(self, output: str, store_uri: str | None, model_version: str, watermark_ms: int | None,
+                 computed_at_ms: int) -> None:
+        self._output, self._store_uri = output, store_uri
+        self._model_version, self._watermark_ms, self._computed_at_ms = model_version, watermark_ms, computed_at_ms
+
+    def setup(self) -> None:
+        self._store = None
+        if self._store_uri:
+            from pipelines.store import open_store
+
+            self._store = open_store(self._store_uri)
+
+    def teardown(self) -> None:
+        if self._store is not None:
+            self._store.close()
+
+    def process(self, element: tuple[int, Iterable[Any]]) -> Iterator[dict[str, int]]:
+        from pipelines.model.gem import Representations
+
+        shard, parts = element
+        parts = list(parts)
+        reps: list[Representations] = [r for r, _ in parts]
+        if not reps:
+            return
+        tables = [representation_table(r, model_version=self._model_version, watermark_ms=self._watermark_ms,
+                                       computed_at_ms=self._computed_at_ms) for r in reps]
+        table, superseded = latest_per_key(pa.concat_tables(tables), np.concatenate([t for _, t in parts]))
+        write_table(table, shard_path(self._output, "representations", shard), REPRESENTATION)
+        if self._store is not None:
+            self._store.write_batch(table)
+        users = int(pa.compute.sum(table.column("ad_id").is_null()).as_py() or 0)
+        yield {"pairs_out": table.num_rows - users, "users_out": users, "pairs_superseded": superseded,
+               "tokens": int(sum(int(r.num_tokens.sum()) for r in reps))}
+
+
+class WriteRepresentations(beam.PTransform):
+    """(shard, Representations) → Parquet per shard (+ the online store); outputs count dicts."""
+
+    def __init__(self, output: str, *, store_uri: str | None, model_version: str, watermark_ms: int | None,
+                 computed_at_ms: int) -> None:
+        super().__init__()
+        self._fn = _WriteShardFn(output, store_uri, model_version, watermark_ms, computed_at_ms)
+
+    def expand(self, reps: beam.PCollection) -> beam.PCollection:
+        return reps | "GroupByShard" >> beam.GroupByKey() | "Write" >> beam.ParDo(self._fn)
+
+
+def _catalog_of(path: str) -> pa.Table:
+    from pipelines.model.batch import ad_catalog
+
+    return ad_catalog(read_table(path, HISTORY))
+
+
+def _merge_catalogs(tables: Iterable[pa.Table]) -> pa.Table:
+    from pipelines.model.batch import ad_catalog
+
+    tables = [t for t in tables if t.num_rows]
+    if not tables:
+        return ad_catalog(HISTORY.schema.empty_table())
+    merged = pa.concat_tables(tables)
+    _, first = np.unique(merged.column("item_id").to_numpy(), return_index=True)
+    return merged.take(pa.array(first))
+
+
+class AdCatalog(beam.PTransform):
+    """History files → one table of (item_id, advertiser_id, item_category) per ad seen."""
+
+    def __init__(self, history_files: Sequence[str]) -> None:
+        super().__init__()
+        self._files = list(history_files)
+
+    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
+        return (
+            pbegin
+            | "HistoryFiles" >> beam.Create(self._files)
+            | "AdsOfFile" >> beam.Map(_catalog_of).with_output_types(pa.Table)
+            | "Merge" >> beam.CombineGlobally(_merge_catalogs).with_output_types(pa.Table)
+        )
