@@ -123,7 +123,7 @@ class RunGemInference(beam.PTransform):
         super().__init__()
         self._handler = handler
 
-    def expand(self, keyed: beam.PCollection) -> tuple[beam.PCollection, beam.PCollection]:  # type: ignore[override]
+    def expand(self, keyed: beam.PCollection) -> tuple[beam.PCollection, beam.PCollection]:
         main, other = keyed | "RunInference" >> RunInference(KeyedModelHandler(self._handler)) \
             .with_exception_handling()
         failed = other.failed_inferences | "FailedToDeadLetters" >> beam.Map(_inference_dead_letter)
