@@ -152,8 +152,10 @@ class OnlineStore(abc.ABC):
         arrays = batch if isinstance(batch, RepresentationArrays) else RepresentationArrays.from_arrow(batch)
         if len(arrays) == 0:
             return WriteReport(0, 0, 0)
-        names = {version_id(v): v for v in set(arrays.model_version.tolist())}
-        ids = np.fromiter((version_id(v) for v in arrays.model_version.tolist()), np.uint64, len(arrays))
+        rows = arrays.model_version.tolist()
+        id_of = {v: version_id(v) for v in set(rows)}
+        names = {vid: v for v, vid in id_of.items()}
+        ids = np.fromiter((id_of[v] for v in rows), np.uint64, len(rows))
         int8 = arrays.int8_codes() if self.options.encoding == "int8" else None
         values = encode_records(
             encoding=self.options.encoding,

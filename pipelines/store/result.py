@@ -122,9 +122,7 @@ class ReadResult:
     def to_arrow(self) -> pa.Table:
         """The found rows in the REPRESENTATION layout, plus ``age_s`` and ``stale`` columns."""
         rows = np.flatnonzero(self.found)
-        dim = self.codes.shape[1]
-        if dim == 0:
-            return representation_schema(1).empty_table()
+        dim = self.codes.shape[1] or 1  # nothing found: no dim known, any will do for 0 rows
         users = [self.keys[i][0] for i in rows]
         ads = [self.keys[i][1] for i in rows]
         watermark = self.history_watermark_ms[rows]

@@ -42,6 +42,8 @@ def test_batch_read_keeps_request_order_and_reports_missing_keys(make_store: Mak
     assert not got.fresh[missing].any() and not got.stale[missing].any()
     np.testing.assert_array_equal(got.embedding[1], got.embedding[5])
     assert len(store.read_batch([])) == 0
+    nothing = store.read_batch([(9, None), (9, 1)]).to_arrow()
+    assert nothing.num_rows == 0 and nothing.column_names[-2:] == ["age_s", "stale"]
 
 
 def test_staleness_is_reported_with_the_age_never_as_fresh(make_store: MakeStore) -> None:
