@@ -11,9 +11,19 @@ DataflowRunner, PortableRunner) are passed to Beam as named, with any extra
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import socket
 from collections.abc import Sequence
+from pathlib import Path
 
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import (
+    FlinkRunnerOptions,
+    GoogleCloudOptions,
+    PipelineOptions,
+    PortableOptions,
+    PrismRunnerOptions,
+)
 
 from pipelines.errors import ConfigError
 
@@ -52,7 +62,70 @@ def pipeline_options(args: argparse.Namespace, beam_args: Sequence[str] = ()) ->
         ]
     else:
         flags.append(f"--runner={args.runner}")
-    return PipelineOptions(flags, save_main_session=False, pickle_library="cloudpickle")
+    options = PipelineOptions(flags, save_main_session=False, pickle_library="cloudpickle")
+    validate_runner(args.runner, options)
+    return options
+
+
+def _reachable(address: str, flag: str) -> None:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host or "localhost", int(port)), timeout=3):
+            return
+    except (OSError, ValueError) as exc:
+        raise ConfigError(flag, f"{address!r} is not reachable ({exc})",
+                          "start the service or pass the right host:port") from exc
+
+
+def _need_file(value: str | None, flag: str, what: str, fix: str) -> None:
+    if not value:
+        raise ConfigError(flag, f"not set; {what}", fix)
+    if not Path(value).is_file():
+        raise ConfigError(flag, f"{value!r} is not a file; {what}", fix)
+
+
+def default_prism() -> str | None:
+    """The Prism binary built by ``make prism`` (or on PATH), if any."""
+    candidates = [os.environ.get("GEM_PRISM", ""), str(Path(__file__).resolve().parent.parent / ".cache/bin/prism"),
+                  shutil.which("prism") or ""]
+    return next((c for c in candidates if c and Path(c).is_file()), None)
+
+
+def validate_runner(runner: str, options: PipelineOptions) -> None:
+    """Fail at construction, naming the flag and the fix, before Beam would download or hang."""
+    if runner == "FlinkRunner":
+        master = options.view_as(FlinkRunnerOptions).flink_master
+        if master in ("[local]", "[auto]", "", None):
+            _need_file(options.view_as(FlinkRunnerOptions).flink_job_server_jar, "--flink_job_server_jar",
+                       "an embedded Flink needs Beam's Flink job server jar, which Beam would otherwise download",
+                       "pass --flink_job_server_jar PATH/beam-runners-flink-<v>-job-server-<beam>.jar "
+                       "or --flink_master HOST:8081 of a running cluster")
+        else:
+            _reachable(master, "--flink_master")
+    elif runner == "PortableRunner":
+        endpoint = options.view_as(PortableOptions).job_endpoint
+        if not endpoint:
+            raise ConfigError("--job_endpoint", "PortableRunner needs a job service", "pass --job_endpoint HOST:PORT")
+        _reachable(endpoint, "--job_endpoint")
+    elif runner == "PrismRunner":
+        _need_file(options.view_as(PrismRunnerOptions).prism_location or default_prism(), "--prism_location",
+                   "Beam would otherwise download the Prism binary at run time",
+                   "build it with `make prism` and pass --prism_location .cache/bin/prism")
+    elif runner == "DataflowRunner":
+        _validate_dataflow(options.view_as(GoogleCloudOptions))
+
+
+def _validate_dataflow(gcp: GoogleCloudOptions) -> None:
+    for flag, value, fix in (
+        ("--project", gcp.project, "pass --project YOUR_GCP_PROJECT"),
+        ("--region", gcp.region, "pass --region e.g. us-central1"),
+        ("--temp_location", gcp.temp_location, "pass --temp_location gs://BUCKET/tmp"),
+    ):
+        if not value:
+            raise ConfigError(flag, "DataflowRunner needs it", fix)
+    if not str(gcp.temp_location).startswith("gs://"):
+        raise ConfigError("--temp_location", f"{gcp.temp_location!r} is not a gs:// path",
+                          "pass --temp_location gs://BUCKET/tmp")
 
 
 def runner_for(args: argparse.Namespace) -> object | None:
