@@ -62,6 +62,9 @@ def pipeline_options(args: argparse.Namespace, beam_args: Sequence[str] = ()) ->
         ]
     else:
         flags.append(f"--runner={args.runner}")
+        if args.runner == "PrismRunner" and not any(f.startswith("--prism_location") for f in flags):
+            found = default_prism()
+            flags += [f"--prism_location={found}"] if found else []
     options = PipelineOptions(flags, save_main_session=False, pickle_library="cloudpickle")
     validate_runner(args.runner, options)
     return options
