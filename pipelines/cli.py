@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "features": ("pipelines.features.cli", "build per-user histories and training examples (Beam, batch)"),
     "precompute": ("pipelines.precompute.cli", "precompute user and (user, ad) representations (Beam, RunInference)"),
     "inspect": ("pipelines.inspect.cli", "summarise any Parquet output of this project"),
+    "produce": ("pipelines.kafka.produce_cli", "load a generator events file into a Kafka topic (JSON, key = user_id)"),
+    "replay": ("pipelines.kafka.replay_cli", "run the features pipeline over a Kafka topic range (Beam, batch)"),
 }
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import apache_beam as beam
 import pyarrow as pa
+import pyarrow.compute as pc
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import TaggedOutput
@@ -99,7 +100,7 @@ def _keyed_by_shard(table: pa.Table, num_shards: int) -> Iterator[tuple[int, pa.
 def _max_event_ms(table: pa.Table) -> int:
     if table.num_rows == 0:
         return 0
-    return int(pa.compute.max(table.column("event_time")).cast(pa.int64()).as_py() or 0)
+    return int(pc.max(table.column("event_time")).cast(pa.int64()).as_py() or 0)
 
 
 def _is_history(table: pa.Table) -> bool:
@@ -202,7 +203,7 @@ class WriteDeadLetters(beam.PTransform):
 
     def _write(self, tables: list[pa.Table]) -> str:
         table = pa.concat_tables(tables) if tables else DEAD_LETTER.schema.empty_table()
-        order = pa.compute.sort_indices(table, [("source", "ascending")])
+        order = pc.sort_indices(table, [("source", "ascending")])
         return write_table(table.take(order), self._path, DEAD_LETTER)
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from pipelines.errors import InputNotFoundError
@@ -72,7 +73,7 @@ def text_histogram(values: np.ndarray, bins: int = 12, width: int = 40) -> list[
 
 
 def history_lengths(table: pa.Table) -> np.ndarray:
-    return pa.compute.list_value_length(table.column("events")).to_numpy(zero_copy_only=False)
+    return pc.list_value_length(table.column("events")).to_numpy(zero_copy_only=False)
 
 
 def enum_mix(codes: pa.ChunkedArray | pa.Array, names: tuple[str, ...]) -> list[tuple[str, int, float]]:
@@ -84,10 +85,10 @@ def enum_mix(codes: pa.ChunkedArray | pa.Array, names: tuple[str, ...]) -> list[
 
 
 def history_event_mix(table: pa.Table) -> dict[str, list[tuple[str, int, float]]]:
-    flat = pa.compute.list_flatten(table.column("events"))
+    flat = pc.list_flatten(table.column("events"))
     return {
-        "surface": enum_mix(pa.compute.struct_field(flat, "surface"), SURFACES),
-        "event_type": enum_mix(pa.compute.struct_field(flat, "event_type"), EVENT_TYPES),
+        "surface": enum_mix(pc.struct_field(flat, "surface"), SURFACES),
+        "event_type": enum_mix(pc.struct_field(flat, "event_type"), EVENT_TYPES),
     }
 
 
@@ -99,7 +100,7 @@ def reason_counts(table: pa.Table) -> list[tuple[str, int]]:
 
 def user_timeline(table: pa.Table, user_id: int) -> list[str]:
     """One line per retained event of ``user_id``, oldest first, plus the summary."""
-    rows = table.filter(pa.compute.equal(table.column("user_id"), user_id)).to_pylist()
+    rows = table.filter(pc.equal(table.column("user_id"), user_id)).to_pylist()
     if not rows:
         return [f"user {user_id}: no history"]
     row = rows[0]
@@ -116,8 +117,8 @@ def user_timeline(table: pa.Table, user_id: int) -> list[str]:
 def example_label_rates(table: pa.Table) -> dict[str, float]:
     n = max(table.num_rows, 1)
     return {
-        "clicked": pa.compute.sum(table.column("clicked")).as_py() / n if table.num_rows else 0.0,
-        "converted": pa.compute.sum(table.column("converted")).as_py() / n if table.num_rows else 0.0,
+        "clicked": pc.sum(table.column("clicked")).as_py() / n if table.num_rows else 0.0,
+        "converted": pc.sum(table.column("converted")).as_py() / n if table.num_rows else 0.0,
     }
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from apache_beam.metrics import Metrics
 from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
 from apache_beam.pvalue import TaggedOutput
@@ -46,7 +47,7 @@ class _ReadCandidatesFn(beam.DoFn):
 
 
 def _pairs(candidates: pa.Table) -> int:
-    return int(pa.compute.sum(pa.compute.list_value_length(candidates.column("ad_ids"))).as_py() or 0)
+    return int(pc.sum(pc.list_value_length(candidates.column("ad_ids"))).as_py() or 0)
 
 
 class ReadCandidates(beam.PTransform):
@@ -170,7 +171,7 @@ class _WriteShardFn(beam.DoFn):
         write_table(table, shard_path(self._output, "representations", shard), REPRESENTATION)
         if self._store is not None:
             self._store.write_batch(table)
-        users = int(pa.compute.sum(table.column("ad_id").is_null()).as_py() or 0)
+        users = int(pc.sum(table.column("ad_id").is_null()).as_py() or 0)
         yield {"pairs_out": table.num_rows - users, "users_out": users, "pairs_superseded": superseded,
                "tokens": int(sum(int(r.num_tokens.sum()) for r in reps))}
 
