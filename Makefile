@@ -10,7 +10,7 @@ DEMO_DIR ?= out/demo
 B ?=
 PYTEST_ARGS ?=
 
-.PHONY: help setup demo test test-unit bench lint services-up services-down kafka-up kafka-down redis-up redis-down clean
+.PHONY: prism help setup demo test test-unit bench lint services-up services-down kafka-up kafka-down redis-up redis-down clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -F':.*?## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml
 demo: setup ## generate ~1M events, build histories, inspect them (embedded defaults)
 	DEMO_DIR=$(DEMO_DIR) bash scripts/demo.sh
 
-test: setup services-up ## start the real services and run every test
+test: setup prism services-up ## start the real services and run every test
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: setup ## only the fast tests (no real services)
@@ -56,6 +56,15 @@ redis-up: ## start the project's Redis on 127.0.0.1:16379 (apt-get installs redi
 
 redis-down: ## stop the project's Redis (no persistence: the store is rebuilt by precompute)
 	bash scripts/redis.sh down
+
+BEAM_VERSION := 2.77.0
+PRISM := .cache/bin/prism
+
+prism: $(PRISM) ## build Beam's Prism runner at the pinned Beam version (Go module proxy; once)
+
+$(PRISM):
+	@mkdir -p $(dir $(PRISM))
+	GOBIN=$(abspath $(dir $(PRISM))) go install github.com/apache/beam/sdks/v2/go/cmd/prism@v$(BEAM_VERSION)
 
 clean: ## remove outputs (keeps .venv)
 	rm -rf out .pytest_cache .mypy_cache .ruff_cache
