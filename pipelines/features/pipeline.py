@@ -87,9 +87,16 @@ def _check_output(config: FeaturesConfig) -> None:
                 FileSystems.delete([path])
 
 
-def build_features(p: beam.Pipeline, config: FeaturesConfig, splits: Sequence, previous: Sequence[str]) -> None:
-    """Add the features steps to ``p``."""
-    read = p | "ReadEvents" >> ReadEvents(splits, num_shards=config.num_shards)
+def build_features(p: beam.Pipeline, config: FeaturesConfig, splits: Sequence, previous: Sequence[str],
+                   source: beam.PTransform | None = None) -> None:
+    """Add the features steps to ``p``.
+
+    ``source`` replaces the file source: any PTransform with ReadEvents' tagged
+    outputs (e.g. ``pipelines.kafka.beam_io.ReadEventsFromKafka``); ``splits`` is then unused.
+    """
+    if source is None:
+        source = ReadEvents(splits, num_shards=config.num_shards)
+    read = p | "ReadEvents" >> source
     read_counts = read[COUNTS] | "SumReadCounts" >> beam.CombineGlobally(sum_counts)
     built = read[EVENTS] | "BuildHistories" >> BuildHistories(
         config.output, beam.pvalue.AsSingleton(read_counts), previous=previous, num_shards=config.num_shards,
@@ -107,16 +114,20 @@ def build_features(p: beam.Pipeline, config: FeaturesConfig, splits: Sequence, p
     )
 
 
-def run_features(config: FeaturesConfig, options: PipelineOptions, runner: object | None = None) -> dict:
-    """Validate, run, and return the summary (also written to ``<output>/summary.json``)."""
-    paths = expand_inputs(config.inputs)
+def run_features(config: FeaturesConfig, options: PipelineOptions, runner: object | None = None,
+                 source: beam.PTransform | None = None) -> dict:
+    """Validate, run, and return the summary (also written to ``<output>/summary.json``).
+
+    With ``source`` (see :func:`build_features`) ``config.inputs`` only label the summary.
+    """
+    paths = expand_inputs(config.inputs) if source is None else []
     previous = previous_files(config.previous)
     _check_output(config)
     splits = splits_of(paths)
     log.info("features: %d file(s), %d split(s), %d previous file(s)", len(paths), len(splits), len(previous))
     started = time.perf_counter()
     with beam.Pipeline(runner=runner, options=options) as p:  # type: ignore[arg-type]
-        build_features(p, config, splits, previous)
+        build_features(p, config, splits, previous, source)
     with FileSystems.open(f"{config.output.rstrip('/')}/summary.json") as f:
         summary = json.loads(f.read())
     summary["seconds"] = round(time.perf_counter() - started, 3)

@@ -1,0 +1,248 @@
+"""Read partition ranges from Kafka as batches of raw messages, and decode them into Arrow.
+
+The pure reader under the Beam source: :func:`open_fetcher` gives a
+:class:`Fetcher` (kafka-python by default, confluent-kafka/librdkafka when asked
+and installed) whose ``fetch(range)`` yields :class:`MessageBatch` es in offset
+order; :func:`decode_batch` turns one into events and dead letters with the
+batch decoder (sources ``kafka:<topic>/<partition>/<offset>``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from pipelines.errors import ConfigError, PipelinesError
+from pipelines.features.parse import ParseResult
+from pipelines.kafka.config import KafkaConnection
+from pipelines.kafka.decode import Payloads, decode_events
+from pipelines.kafka.ranges import PartitionRange
+
+__all__ = [
+    "BACKENDS",
+    "Fetcher",
+    "KafkaReadError",
+    "MessageBatch",
+    "decode_batch",
+    "kafka_source",
+    "open_fetcher",
+    "open_lookup",
+]
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("kafka-python", "confluent")
+#: How long a fetch waits without progress (broker down, range past the log end) before failing.
+DEFAULT_STALL_S = 120.0
+
+
+class KafkaReadError(PipelinesError):
+    """A range could not be read completely (the broker stayed away, or the log lost the offsets)."""
+
+
+def kafka_source(topic: str, partition: int, offset: int) -> str:
+    """The dead-letter ``source`` of one message."""
+    return f"kafka:{topic}/{partition}/{offset}"
+
+
+@dataclass(frozen=True)
+class MessageBatch:
+    """Consecutive messages of one partition: ``offsets`` and ``timestamps_ms`` are ``(n,)`` int64."""
+
+    topic: str
+    partition: int
+    offsets: np.ndarray
+    timestamps_ms: np.ndarray
+    payloads: Payloads
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def sources(self, indices: np.ndarray) -> list[str]:
+        return [kafka_source(self.topic, self.partition, int(o)) for o in self.offsets[indices]]
+
+
+def decode_batch(batch: MessageBatch, stage: str = "parse") -> ParseResult:
+    """Events and dead letters of a batch (equal to parse_json_lines over its values)."""
+    return decode_events(batch.payloads, batch.sources, stage)
+
+
+class Fetcher(Protocol):
+    def fetch(self, part: PartitionRange) -> Iterator[MessageBatch]: ...
+
+    def close(self) -> None: ...
+
+
+def _batch(part: PartitionRange, offsets: list[int], stamps: list[int], values: list[bytes | None]) -> MessageBatch:
+    payloads = Payloads.from_list([v if v is not None else b"" for v in values])
+    return MessageBatch(part.topic, part.partition, np.asarray(offsets, dtype=np.int64),
+                        np.asarray(stamps, dtype=np.int64), payloads)
+
+
+class _Stall:
+    """Raises once ``limit_s`` pass without progress (injectable clock for tests)."""
+
+    def __init__(self, part: PartitionRange, limit_s: float, clock: Callable[[], float]) -> None:
+        self._part, self._limit, self._clock = part, limit_s, clock
+        self._since = clock()
+
+    def progressed(self) -> None:
+        self._since = self._clock()
+
+    def check(self, position: int) -> None:
+        if self._clock() - self._since > self._limit:
+            p = self._part
+            raise KafkaReadError(f"{p.topic}/{p.partition}: no progress at offset {position} of "
+                                 f"[{p.start}, {p.stop}) for {self._limit:.0f} s (broker reachable?)")
+
+
+class KafkaPythonFetcher:
+    """kafka-python consumer without a group: assign, seek, poll until the range's end."""
+
+    def __init__(self, connection: KafkaConnection, *, max_batch: int = 20_000, stall_s: float = DEFAULT_STALL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        from kafka import KafkaConsumer
+
+        self._max_batch, self._stall_s, self._clock = max_batch, stall_s, clock
+        self._consumer = KafkaConsumer(
+            **connection.kafka_python(), group_id=None, enable_auto_commit=False, check_crcs=False,
+            fetch_max_bytes=64 << 20, max_partition_fetch_bytes=16 << 20, fetch_min_bytes=1 << 20,
+            fetch_max_wait_ms=100, max_poll_records=max_batch, auto_offset_reset="earliest",
+        )
+
+    def fetch(self, part: PartitionRange) -> Iterator[MessageBatch]:
+        from kafka import TopicPartition
+
+        if part.size == 0:
+            return
+        tp = TopicPartition(part.topic, part.partition)
+        self._consumer.assign([tp])
+        self._consumer.seek(tp, part.start)
+        position, stall = part.start, _Stall(part, self._stall_s, self._clock)
+        while position < part.stop:
+            records = self._consumer.poll(timeout_ms=500, max_records=self._max_batch).get(tp, [])
+            if records and records[-1].offset >= part.stop:
+                records = [r for r in records if r.offset < part.stop]
+            if records:
+                stall.progressed()
+                yield _batch(part, [r.offset for r in records], [r.timestamp for r in records],
+                             [r.value for r in records])
+            # The position also moves over offsets that hold no record (transaction markers, compaction).
+            position = max(position, self._consumer.position(tp) or position)
+            if not records:
+                stall.check(position)
+        self._consumer.unsubscribe()
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+class ConfluentFetcher:
+    """confluent-kafka (librdkafka) consumer: the optional faster backend, same batches."""
+
+    def __init__(self, connection: KafkaConnection, *, max_batch: int = 20_000, stall_s: float = DEFAULT_STALL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        try:
+            from confluent_kafka import Consumer
+        except ImportError as exc:
+            raise ConfigError("--kafka-backend", "confluent needs the confluent-kafka package",
+                              "pip install -e '.[kafka-fast]' or use --kafka-backend kafka-python") from exc
+        conf: dict[str, Any] = {**connection.librdkafka(), "group.id": "gem-pipelines-reader",
+                                "enable.auto.commit": False, "enable.auto.offset.store": False,
+                                "enable.partition.eof": True, "fetch.max.bytes": 64 << 20,
+                                "queued.max.messages.kbytes": 256 << 10, "check.crcs": False}
+        self._consumer = Consumer(conf)
+        self._max_batch, self._stall_s, self._clock = max_batch, stall_s, clock
+
+    def fetch(self, part: PartitionRange) -> Iterator[MessageBatch]:
+        from confluent_kafka import KafkaError, TopicPartition
+
+        if part.size == 0:
+            return
+        self._consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
+        position, stall = part.start, _Stall(part, self._stall_s, self._clock)
+        while position < part.stop:
+            messages = self._consumer.consume(num_messages=self._max_batch, timeout=0.5)
+            offsets: list[int] = []
+            stamps: list[int] = []
+            values: list[bytes | None] = []
+            for m in messages:
+                error = m.error()
+                if error is not None:
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        log.warning("%s/%s: %s", part.topic, part.partition, error)
+                    continue
+                offset = int(m.offset() or 0)
+                if offset < part.stop:
+                    offsets.append(offset)
+                    stamps.append(m.timestamp()[1])
+                    values.append(m.value())
+            if offsets:
+                stall.progressed()
+                yield _batch(part, offsets, stamps, values)
+                position = max(position, offsets[-1] + 1)
+            [tp] = self._consumer.position([TopicPartition(part.topic, part.partition)])
+            position = max(position, tp.offset if tp.offset >= 0 else position)
+            if not offsets:
+                stall.check(position)
+        self._consumer.unassign()
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def open_fetcher(connection: KafkaConnection, backend: str = "kafka-python", **kwargs: Any) -> Fetcher:
+    """A fetcher for ``backend`` (``kafka-python`` or ``confluent``)."""
+    if backend == "kafka-python":
+        return KafkaPythonFetcher(connection, **kwargs)
+    if backend == "confluent":
+        return ConfluentFetcher(connection, **kwargs)
+    raise ConfigError("--kafka-backend", f"got {backend!r}", f"pass one of {', '.join(BACKENDS)}")
+
+
+class KafkaPythonLookup:
+    """:class:`pipelines.kafka.ranges.OffsetLookup` over a kafka-python consumer (metadata only)."""
+
+    def __init__(self, connection: KafkaConnection, timeout_s: float = 30.0) -> None:
+        from kafka import KafkaConsumer
+
+        self._timeout_ms = int(timeout_s * 1000)
+        self._consumer = KafkaConsumer(**connection.kafka_python(), group_id=None, enable_auto_commit=False,
+                                       request_timeout_ms=max(self._timeout_ms, 31_000))
+
+    def partitions(self, topic: str) -> Sequence[int]:
+        return sorted(self._consumer.partitions_for_topic(topic) or ())
+
+    def bounds(self, topic: str, partitions: Sequence[int]) -> Mapping[int, tuple[int, int]]:
+        from kafka import TopicPartition
+
+        tps = [TopicPartition(topic, p) for p in partitions]
+        begin = self._consumer.beginning_offsets(tps, timeout_ms=self._timeout_ms)
+        end = self._consumer.end_offsets(tps, timeout_ms=self._timeout_ms)
+        return {tp.partition: (int(begin[tp]), int(end[tp])) for tp in tps}
+
+    def offsets_at(self, topic: str, partitions: Sequence[int], time_ms: int) -> Mapping[int, int | None]:
+        from kafka import TopicPartition
+
+        found = self._consumer.offsets_for_times({TopicPartition(topic, p): time_ms for p in partitions},
+                                                 timeout_ms=self._timeout_ms)
+        return {tp.partition: (None if hit is None else int(hit.offset)) for tp, hit in found.items()}
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def open_lookup(connection: KafkaConnection) -> KafkaPythonLookup:
+    """An offset lookup; fails with a hint when the cluster cannot be reached."""
+    from kafka.errors import KafkaError
+
+    try:
+        return KafkaPythonLookup(connection)
+    except KafkaError as exc:
+        raise ConfigError("--bootstrap-servers", f"cannot reach Kafka at {connection.bootstrap} ({exc})",
+                          "start the project's broker with make kafka-up, or point at a running cluster") from exc
