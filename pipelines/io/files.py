@@ -76,7 +76,7 @@ def read_line_batches(path: str, batch_size: int) -> Iterator[tuple[list[bytes],
     lines: list[bytes] = []
     sources: list[str] = []
     with FileSystems.open(path, compression_type=CompressionTypes.AUTO) as f:
-        for number, raw in enumerate(f, start=1):
+        for number, raw in enumerate(iter(f.readline, b""), start=1):  # CompressedFile is not iterable
             line = raw.rstrip(b"\r\n")
             if not line.strip():
                 continue

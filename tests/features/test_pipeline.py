@@ -152,3 +152,16 @@ def test_large_elements_lose_nothing_at_group_by_key(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert summary["records_in"] == summary["events_valid"] == 60_000
     assert sum(len(e) for e in _histories(tmp_path / "o").column("events").to_pylist()) == 60_000
+
+
+def test_gzipped_jsonl_input(tmp_path: Path) -> None:
+    import gzip
+
+    lines = _good_lines(120) + [b"{nope"]
+    src = tmp_path / "e.jsonl.gz"
+    src.write_bytes(gzip.compress(b"\n".join(lines) + b"\n"))
+    assert _features("--input", str(src), "--output", str(tmp_path / "o")) == 0
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert (summary["events_valid"], summary["dead_letters"]) == (120, 1)
+    dead = pq.read_table(tmp_path / "o" / "dead_letters" / "part-00000.parquet")
+    assert dead.column("source").to_pylist() == [f"{src}:121"]
