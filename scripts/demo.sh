@@ -21,6 +21,20 @@ $PY -m pipelines generate --users "$USERS" --days "$DAYS" --seed 7 \
 step "2/3 features: histories + point-in-time training examples (Beam, local runner)"
 $PY -m pipelines features --input "$DEMO_DIR/events.jsonl.gz" --output "$DEMO_DIR/features" --overwrite
 
+step "check: the pipeline's counts against what the generator injected"
+$PY - "$DEMO_DIR" <<'PYEOF'
+import json, sys
+root = sys.argv[1]
+world = json.load(open(f"{root}/events.truth/world.json"))["counts"]
+summary = json.load(open(f"{root}/features/summary.json"))
+pairs = [("valid events", world["events"], summary["events_valid"]),
+         ("redeliveries", world["duplicates"], summary["duplicates"]),
+         ("malformed lines", world["bad_lines_total"], summary["dead_letters"])]
+for name, injected, seen in pairs:
+    print(f"  {name:<16} generated {injected:>9}  pipeline {seen:>9}  {'ok' if injected == seen else 'MISMATCH'}")
+sys.exit(0 if all(a == b for _, a, b in pairs) else 1)
+PYEOF
+
 step "3/3 inspect"
 $PY -m pipelines inspect "$DEMO_DIR/features" --plot "$DEMO_DIR/features.png"
 
