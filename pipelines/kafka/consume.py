@@ -111,8 +111,8 @@ class KafkaPythonFetcher:
         self._max_batch, self._stall_s, self._clock = max_batch, stall_s, clock
         self._consumer = KafkaConsumer(
             **connection.kafka_python(), group_id=None, enable_auto_commit=False, check_crcs=False,
-            fetch_max_bytes=64 << 20, max_partition_fetch_bytes=16 << 20, fetch_min_bytes=1 << 20,
-            fetch_max_wait_ms=100, max_poll_records=max_batch, auto_offset_reset="earliest",
+            fetch_max_bytes=64 << 20, max_partition_fetch_bytes=4 << 20, fetch_min_bytes=1,
+            fetch_max_wait_ms=10, max_poll_records=max_batch, auto_offset_reset="earliest",
         )
 
     def fetch(self, part: PartitionRange) -> Iterator[MessageBatch]:
@@ -155,7 +155,9 @@ class ConfluentFetcher:
         conf: dict[str, Any] = {**connection.librdkafka(), "group.id": "gem-pipelines-reader",
                                 "enable.auto.commit": False, "enable.auto.offset.store": False,
                                 "enable.partition.eof": True, "fetch.max.bytes": 64 << 20,
-                                "queued.max.messages.kbytes": 256 << 10, "check.crcs": False}
+                                "queued.max.messages.kbytes": 256 << 10, "check.crcs": False,
+                                # No long poll at the log end: it would hold up the fetch for the next range.
+                                "fetch.wait.max.ms": 10}
         self._consumer = Consumer(conf)
         self._max_batch, self._stall_s, self._clock = max_batch, stall_s, clock
 
@@ -167,7 +169,8 @@ class ConfluentFetcher:
         self._consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
         position, stall = part.start, _Stall(part, self._stall_s, self._clock)
         while position < part.stop:
-            messages = self._consumer.consume(num_messages=self._max_batch, timeout=0.5)
+            wanted = min(self._max_batch, part.stop - position)  # consume() waits for all it asks for
+            messages = self._consumer.consume(num_messages=wanted, timeout=0.5)
             offsets: list[int] = []
             stamps: list[int] = []
             values: list[bytes | None] = []

@@ -40,13 +40,14 @@ class KafkaSink:
     """A producer whose :meth:`flush` proves delivery (acks=all, idempotent)."""
 
     def __init__(self, connection: KafkaConnection, topic: str, *, linger_ms: int = 50,
-                 batch_bytes: int = 1 << 20, compression: str | None = None) -> None:
+                 batch_bytes: int = 1 << 20, compression: str | None = None, max_block_s: float = 60.0) -> None:
         from kafka import KafkaProducer
 
         self.topic = topic
         self._producer = KafkaProducer(
             **connection.kafka_python(), acks="all", enable_idempotence=True, linger_ms=linger_ms,
             batch_size=batch_bytes, compression_type=compression, max_request_size=8 << 20,
+            max_block_ms=int(max_block_s * 1000),
         )
         self._lock = threading.Lock()
         self._sent = self._acked = 0
@@ -61,7 +62,12 @@ class KafkaSink:
             self._errors.append(error)
 
     def send(self, value: bytes, key: bytes | None = None, partition: int | None = None) -> None:
-        future = self._producer.send(self.topic, value=value, key=key, partition=partition)
+        from kafka.errors import KafkaError
+
+        try:
+            future = self._producer.send(self.topic, value=value, key=key, partition=partition)
+        except KafkaError as exc:  # no metadata for the topic within max_block_s, message too large, ...
+            raise DeliveryError(f"cannot send to {self.topic!r}: {exc!r}") from exc
         future.add_callback(self._ok)
         future.add_errback(self._failed)
         self._sent += 1

@@ -1,0 +1,89 @@
+"""Fixtures for the tests against the project's real Kafka broker (``make kafka-up``)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+
+import pytest
+
+from pipelines.kafka.config import DEFAULT_BOOTSTRAP, KafkaConnection
+
+BOOTSTRAP = os.environ.get("GEM_KAFKA_BOOTSTRAP", DEFAULT_BOOTSTRAP)
+#: The broker's SASL_PLAINTEXT listener and user (deploy/kafka/server.properties.in).
+SASL_PORT_OFFSET = 2
+SASL_USER, SASL_PASSWORD = "gem", "gem-secret"
+
+MakeTopic = Callable[..., str]
+
+
+def _reachable(server: str) -> bool:
+    host, _, port = server.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=3):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def kafka() -> KafkaConnection:
+    """The project's broker; FAILS (never skips) when it is down."""
+    if not _reachable(BOOTSTRAP):
+        pytest.fail(f"Kafka is not reachable at {BOOTSTRAP}: run `make kafka-up` (or set GEM_KAFKA_BOOTSTRAP)")
+    return KafkaConnection(bootstrap_servers=(BOOTSTRAP,))
+
+
+@pytest.fixture(scope="session")
+def kafka_sasl(kafka: KafkaConnection) -> KafkaConnection:
+    host, _, port = BOOTSTRAP.rpartition(":")
+    server = f"{host}:{int(port) + SASL_PORT_OFFSET}"
+    if not _reachable(server):
+        pytest.fail(f"the broker's SASL listener is not reachable at {server}: run `make kafka-up`")
+    return KafkaConnection(bootstrap_servers=(server,), security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
+                           sasl_username=SASL_USER, sasl_password=SASL_PASSWORD)
+
+
+@pytest.fixture(scope="session")
+def make_topic(kafka: KafkaConnection) -> Iterator[MakeTopic]:
+    """``make_topic(partitions=1)``: a fresh topic, deleted at the end of the session."""
+    from kafka.admin import KafkaAdminClient
+
+    from pipelines.kafka.produce import ensure_topic
+
+    created: list[str] = []
+
+    def make(partitions: int = 1, prefix: str = "test") -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:12]}"
+        assert ensure_topic(kafka, name, partitions)
+        created.append(name)
+        return name
+
+    yield make
+    if created:
+        admin = KafkaAdminClient(**kafka.kafka_python())
+        try:
+            admin.delete_topics(created)
+        finally:
+            admin.close()
+
+
+def produce(connection: KafkaConnection, topic: str, values: Sequence[bytes], *, keys: Sequence[bytes | None] = (),
+            partition: int | None = None, timestamps_ms: Sequence[int] = ()) -> None:
+    """Write ``values`` (acks=all) and wait for every acknowledgement."""
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(**connection.kafka_python(), acks="all", linger_ms=5)
+    try:
+        futures = [
+            producer.send(topic, value=v, key=keys[i] if keys else None, partition=partition,
+                          timestamp_ms=timestamps_ms[i] if timestamps_ms else None)
+            for i, v in enumerate(values)
+        ]
+        producer.flush()
+        for f in futures:
+            f.get(timeout=30)
+    finally:
+        producer.close()
