@@ -42,6 +42,8 @@ def _print_dataset(d, args: argparse.Namespace) -> None:
             print(f"   plot: {save_plot(args.plot, lengths, report.history_event_mix(d.table))}")
     elif kind == "training_example":
         print(f"   label rates: {json.dumps(report.example_label_rates(d.table))}")
+    elif kind == "representation":
+        print(f"   {json.dumps(report.representation_stats(d.table))}")
     elif kind == "dead_letter":
         for reason, n in report.reason_counts(d.table):
             print(f"   {reason:<26} {n}")

@@ -114,6 +114,24 @@ def user_timeline(table: pa.Table, user_id: int) -> list[str]:
     return lines
 
 
+def representation_stats(table: pa.Table) -> dict[str, object]:
+    """Pair vs user-level counts, model versions, embedding dim and norms, score means."""
+    is_user = table.column("ad_id").is_null()
+    emb = table.column("embedding").combine_chunks()
+    dim = emb.type.list_size if pa.types.is_fixed_size_list(emb.type) else 0
+    values = emb.flatten().to_numpy(zero_copy_only=False).astype(np.float32)
+    norms = np.linalg.norm(values.reshape(-1, dim), axis=1) if dim and table.num_rows else np.zeros(0)
+    return {
+        "pairs": int(table.num_rows - pc.sum(is_user).as_py()) if table.num_rows else 0,
+        "users": int(pc.sum(is_user).as_py() or 0),
+        "model_versions": sorted(set(table.column("model_version").to_pylist())),
+        "dim": dim,
+        "embedding_norm_p50": float(np.median(norms)) if norms.size else 0.0,
+        "p_click_mean": float(pc.mean(table.column("p_click")).as_py() or 0.0),
+        "p_conversion_mean": float(pc.mean(table.column("p_conversion")).as_py() or 0.0),
+    }
+
+
 def example_label_rates(table: pa.Table) -> dict[str, float]:
     n = max(table.num_rows, 1)
     return {

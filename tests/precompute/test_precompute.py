@@ -143,3 +143,11 @@ def test_concat_and_handler_results_own_their_memory(world: World) -> None:
     assert np.allclose(np.concatenate([r.inference[0].pair_embedding for r in results]), whole.pair_embedding,
                        atol=1e-5)
     assert handler.batch_elements_kwargs()["element_size_fn"]((0, batches[0])) == element_tokens(batches[0])
+
+
+def test_inspect_representations(run_all_users, capsys) -> None:
+    out, summary = run_all_users
+    assert main(["inspect", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "representation v1" in text
+    assert f'"users": {summary["users_out"]}' in text and f'"pairs": {summary["pairs_out"]}' in text
