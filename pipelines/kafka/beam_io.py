@@ -26,7 +26,7 @@ from pipelines.features.sharding import split_by_shard
 from pipelines.features.transforms import COUNTS, DEAD, EVENTS
 from pipelines.io import arrow_coder  # noqa: F401 - registers the pa.Table coder
 from pipelines.kafka.config import KafkaConnection
-from pipelines.kafka.consume import BACKENDS, Fetcher, decode_batch, open_fetcher
+from pipelines.kafka.consume import BACKENDS, Fetcher, decode_batch, open_fetcher, prefetched
 from pipelines.kafka.ranges import PartitionRange
 
 __all__ = ["ReadEventsFromKafka", "WriteToKafka", "counts_of"]
@@ -59,7 +59,7 @@ class _ReadRangeFn(beam.DoFn):
 
     def process(self, part: PartitionRange) -> Iterator[Any]:
         assert self._fetcher is not None
-        for batch in self._fetcher.fetch(part):
+        for batch in prefetched(self._fetcher.fetch(part)):
             result = decode_batch(batch)
             self._records.inc(result.num_records)
             self._dead.inc(result.dead_letters.num_rows)

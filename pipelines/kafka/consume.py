@@ -10,10 +10,12 @@ batch decoder (sources ``kafka:<topic>/<partition>/<offset>``).
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -32,6 +34,7 @@ __all__ = [
     "kafka_source",
     "open_fetcher",
     "open_lookup",
+    "prefetched",
 ]
 
 log = logging.getLogger(__name__)
@@ -52,12 +55,11 @@ def kafka_source(topic: str, partition: int, offset: int) -> str:
 
 @dataclass(frozen=True)
 class MessageBatch:
-    """Consecutive messages of one partition: ``offsets`` and ``timestamps_ms`` are ``(n,)`` int64."""
+    """Messages of one partition in offset order: ``offsets`` is ``(n,)`` int64."""
 
     topic: str
     partition: int
     offsets: np.ndarray
-    timestamps_ms: np.ndarray
     payloads: Payloads
 
     def __len__(self) -> int:
@@ -72,16 +74,68 @@ def decode_batch(batch: MessageBatch, stage: str = "parse") -> ParseResult:
     return decode_events(batch.payloads, batch.sources, stage)
 
 
+T = TypeVar("T")
+
+
+class _Failed:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def prefetched(items: Iterator[T], depth: int = 2) -> Iterator[T]:
+    """``items`` produced by a background thread, up to ``depth`` ahead of the consumer.
+
+    Fetching (network, librdkafka) overlaps with decoding (Arrow's reader runs
+    without the GIL). An error in the producer is raised in the consumer; a
+    consumer that stops early stops the producer before this generator closes.
+    """
+    handoff: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop, done = threading.Event(), object()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                handoff.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def work() -> None:
+        try:
+            for item in items:
+                if not put(item):
+                    return
+            put(done)
+        except BaseException as exc:  # handed to the consumer, which re-raises it
+            put(_Failed(exc))
+
+    thread = threading.Thread(target=work, name="kafka-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = handoff.get()
+            if item is done:
+                return
+            if isinstance(item, _Failed):
+                raise item.error
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
 class Fetcher(Protocol):
     def fetch(self, part: PartitionRange) -> Iterator[MessageBatch]: ...
 
     def close(self) -> None: ...
 
 
-def _batch(part: PartitionRange, offsets: list[int], stamps: list[int], values: list[bytes | None]) -> MessageBatch:
-    payloads = Payloads.from_list([v if v is not None else b"" for v in values])
-    return MessageBatch(part.topic, part.partition, np.asarray(offsets, dtype=np.int64),
-                        np.asarray(stamps, dtype=np.int64), payloads)
+def _batch(part: PartitionRange, offsets: list[int] | np.ndarray, values: list[bytes | None]) -> MessageBatch:
+    if None in values:  # a null value (tombstone) is an empty payload: a dead letter downstream
+        values = [v if v is not None else b"" for v in values]
+    payloads = Payloads.from_list(values)  # type: ignore[arg-type]
+    return MessageBatch(part.topic, part.partition, np.asarray(offsets, dtype=np.int64), payloads)
 
 
 class _Stall:
@@ -130,8 +184,7 @@ class KafkaPythonFetcher:
                 records = [r for r in records if r.offset < part.stop]
             if records:
                 stall.progressed()
-                yield _batch(part, [r.offset for r in records], [r.timestamp for r in records],
-                             [r.value for r in records])
+                yield _batch(part, [r.offset for r in records], [r.value for r in records])
             # The position also moves over offsets that hold no record (transaction markers, compaction).
             position = max(position, self._consumer.position(tp) or position)
             if not records:
@@ -171,32 +224,35 @@ class ConfluentFetcher:
         while position < part.stop:
             wanted = min(self._max_batch, part.stop - position)  # consume() waits for all it asks for
             messages = self._consumer.consume(num_messages=wanted, timeout=0.5)
-            offsets: list[int] = []
-            stamps: list[int] = []
-            values: list[bytes | None] = []
-            for m in messages:
-                error = m.error()
-                if error is not None:
-                    if error.code() != KafkaError._PARTITION_EOF:
+            if any(m.error() is not None for m in messages):
+                for m in messages:
+                    error = m.error()
+                    if error is not None and error.code() != KafkaError._PARTITION_EOF:
                         log.warning("%s/%s: %s", part.topic, part.partition, error)
-                    continue
-                offset = int(m.offset() or 0)
-                if offset < part.stop:
-                    offsets.append(offset)
-                    stamps.append(m.timestamp()[1])
-                    values.append(m.value())
-            if offsets:
-                stall.progressed()
-                yield _batch(part, offsets, stamps, values)
-                position = max(position, offsets[-1] + 1)
+                messages = [m for m in messages if m.error() is None]
+            if messages:
+                offsets = _offsets_of(messages)
+                keep = int(np.searchsorted(offsets, part.stop))
+                if keep:
+                    stall.progressed()
+                    yield _batch(part, offsets[:keep], [m.value() for m in messages[:keep]])
+                    position = max(position, int(offsets[keep - 1]) + 1)
             [tp] = self._consumer.position([TopicPartition(part.topic, part.partition)])
             position = max(position, tp.offset if tp.offset >= 0 else position)
-            if not offsets:
+            if not messages:
                 stall.check(position)
         self._consumer.unassign()
 
     def close(self) -> None:
         self._consumer.close()
+
+
+def _offsets_of(messages: list[Any]) -> np.ndarray:
+    """Offsets of consecutive messages: a range when the first and last say so (no per-message call)."""
+    first, last = int(messages[0].offset()), int(messages[-1].offset())
+    if last - first + 1 == len(messages):
+        return np.arange(first, last + 1, dtype=np.int64)
+    return np.asarray([m.offset() for m in messages], dtype=np.int64)
 
 
 def open_fetcher(connection: KafkaConnection, backend: str = "kafka-python", **kwargs: Any) -> Fetcher:

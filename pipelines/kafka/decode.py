@@ -15,9 +15,10 @@ single definition of the rules:
    anywhere (Arrow checks only the fields it keeps); more ``[`` than
    ``_MAX_OPENERS`` (Python's ``json`` fails on deep nesting, Arrow does not);
    an ISO-string ``event_time`` (canonical times are integers);
-2. the other payloads are streamed through Arrow in small blocks; a payload that
-   Arrow rejects (its error names the row) is marked and reading resumes after
-   it, so a bad message costs one block of re-parsing, not the batch;
+2. the other payloads are streamed through Arrow (4 MiB blocks; 64 KiB ones
+   after the first rejection); a payload that Arrow rejects (its error names the
+   row) is marked and reading resumes after it, so a bad message costs one block
+   of re-parsing, not the batch;
 3. rows that fail a vectorised rule, and every suspect or rejected payload, go
    to ``parse_json_lines`` in payload order, which gives reasons and details.
 
@@ -60,13 +61,17 @@ SourceNamer = Callable[[np.ndarray], list[str]]
 _BISECT_MIN = 64
 #: A payload with more ``[`` bytes than this may nest deeper than Python's ``json`` allows.
 _MAX_OPENERS = 64
-#: Arrow reader block: small, so that a rejected payload costs little re-reading.
+#: Arrow reader blocks: big ones parse fastest; after the first rejected payload of a
+#: batch, small ones, so that each further rejection costs little re-reading.
+_BIG_BLOCK_BYTES = 1 << 22
 _BLOCK_BYTES = 1 << 16
 
 _ERROR_ROW = re.compile(r"in row (\d+)\s*$")
-#: Byte strings that make a payload suspect. The ISO-time spellings only save an
-#: Arrow error (and its re-read) per ISO-time event; other spellings still go right.
-_TOKENS = (b"NaN", b"Infinity", b'"event_time":"', b'"event_time": "')
+#: Byte strings that make a payload suspect (Python's json reads them as numbers).
+_TOKENS = (b"NaN", b"Infinity")
+#: ISO-string times fail Arrow's integer column. Finding them first only saves an
+#: Arrow error (and a block re-read) per such event; other spellings still go right.
+_ISO_TIME_TOKENS = (b'"event_time":"', b'"event_time": "')
 
 _WIRE_SCHEMA = pa.schema(
     [
@@ -154,7 +159,7 @@ def decode_events(payloads: Payloads, source_of: SourceNamer, stage: str = "pars
     table, read_rows, _ = _read_arrow(payloads.select(clean))
     fast_rows = clean[read_rows]
     ok = _valid_mask(table)
-    events = _to_event_layout(table.filter(ok))
+    events = _to_event_layout(table if ok.false_count == 0 else table.filter(ok))
     if events.num_rows == n:
         return ParseResult(events, dead_letter_table(stage, []))
     is_fast = np.zeros(n, dtype=bool)
@@ -197,24 +202,43 @@ def _suspects(payloads: Payloads) -> np.ndarray:
     opens = raw[starts] == ord("{")
     sus |= ~opens
     sus |= raw[np.maximum(ends - 1, 0)] != ord("}")
-    if data.count(b"\n") != len(payloads):
-        newlines = np.flatnonzero(raw == ord("\n"))
-        sus[_owners(payloads, np.setdiff1d(newlines, ends))] = True
+    newlines = raw == ord("\n")
+    if np.count_nonzero(newlines) != len(payloads):
+        sus[_owners(payloads, np.setdiff1d(np.flatnonzero(newlines), ends))] = True
     for byte in (b"\x00", b"\r"):
         if byte in data:
             sus[_owners(payloads, np.flatnonzero(raw == ord(byte)))] = True
-    marks = [at for token in _TOKENS for at in _find_all(data, token)]
-    if marks:
-        sus[_owners(payloads, np.asarray(marks, dtype=np.int64))] = True
+    marks = [_token_starts(raw, token) for token in _TOKENS]
+    if _iso_times_likely(payloads):
+        marks += [np.asarray(_find_all(data, token), dtype=np.int64) for token in _ISO_TIME_TOKENS]
+    for found in marks:
+        sus[_owners(payloads, found)] = True
     if not data.isascii():
         for i in np.unique(_owners(payloads, np.flatnonzero(raw >= 0x80))):
             sus[i] |= not _is_utf8(payloads.get(int(i)))
     # Equal counts mean each payload that opens with "{" holds no other "{".
     for byte, most, usual in ((b"{", 1, int(opens.sum())), (b"[", _MAX_OPENERS, _MAX_OPENERS)):
-        if data.count(byte) > usual:
-            per_payload = np.bincount(_owners(payloads, np.flatnonzero(raw == ord(byte))), minlength=len(payloads))
+        hits = raw == ord(byte)
+        if np.count_nonzero(hits) > usual:
+            per_payload = np.bincount(_owners(payloads, np.flatnonzero(hits)), minlength=len(payloads))
             sus |= per_payload > most
     return sus
+
+
+def _token_starts(raw: np.ndarray, token: bytes) -> np.ndarray:
+    """Where ``token`` begins in ``raw``: candidates by its (rare) first byte, narrowed byte by byte."""
+    found = np.flatnonzero(raw[: max(len(raw) - len(token) + 1, 0)] == token[0])
+    for k in range(1, len(token)):
+        if not len(found):
+            break
+        found = found[raw[found + k] == token[k]]
+    return found
+
+
+def _iso_times_likely(payloads: Payloads) -> bool:
+    """Producers keep one style: look for ISO-string times when the first or last payload has one."""
+    ends = (payloads.get(0), payloads.get(len(payloads) - 1))
+    return any(token in payload for token in _ISO_TIME_TOKENS for payload in ends)
 
 
 def _find_all(data: bytes, token: bytes) -> list[int]:
@@ -246,14 +270,16 @@ def _read_arrow(payloads: Payloads) -> tuple[pa.Table, np.ndarray, np.ndarray]:
     rows: list[np.ndarray] = []
     rejected: list[int] = []
     pending = [(0, n)]  # a stack: the leftmost range on top
+    block = _BIG_BLOCK_BYTES
     while pending:
         lo, hi = pending.pop()
         if lo >= hi:
             continue
-        got, error = _stream(buffer, payloads, lo, hi, batches)
+        got, error = _stream(buffer, payloads, lo, hi, batches, block)
         rows.append(np.arange(lo, lo + got, dtype=np.int64))
         if error is None:
             continue
+        block = _BLOCK_BYTES
         start = lo + got  # the first payload of the failing block
         match = _ERROR_ROW.search(str(error))
         if match and start + int(match.group(1)) < hi:
@@ -273,12 +299,12 @@ def _read_arrow(payloads: Payloads) -> tuple[pa.Table, np.ndarray, np.ndarray]:
 
 
 def _stream(
-    buffer: pa.Buffer, payloads: Payloads, lo: int, hi: int, batches: list[pa.RecordBatch]
+    buffer: pa.Buffer, payloads: Payloads, lo: int, hi: int, batches: list[pa.RecordBatch], block: int
 ) -> tuple[int, pa.ArrowInvalid | None]:
     """Read payloads ``lo:hi`` into ``batches``; (rows read, the error that stopped it or None)."""
     begin = int(payloads.starts[lo])
     end = int(payloads.starts[hi - 1] + payloads.lengths[hi - 1]) + 1
-    block = max(_BLOCK_BYTES, 2 * int(payloads.lengths[lo:hi].max()) + 2)
+    block = max(block, 2 * int(payloads.lengths[lo:hi].max()) + 2)
     got = 0
     try:
         reader = pj.open_json(
