@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("pipelines.inspect.cli", "summarise any Parquet output of this project"),
     "produce": ("pipelines.kafka.produce_cli", "load a generator events file into a Kafka topic (JSON, key = user_id)"),
     "replay": ("pipelines.kafka.replay_cli", "run the features pipeline over a Kafka topic range (Beam, batch)"),
+    "stream": ("pipelines.kafka.stream_cli", "stream a Kafka topic into per-user histories (Beam on Prism, state)"),
 }
 
 

@@ -30,6 +30,7 @@ __all__ = [
     "Fetcher",
     "KafkaReadError",
     "MessageBatch",
+    "PartitionPoller",
     "decode_batch",
     "kafka_source",
     "open_fetcher",
@@ -190,6 +191,48 @@ class KafkaPythonFetcher:
             if not records:
                 stall.check(position)
         self._consumer.unsubscribe()
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+class PartitionPoller:
+    """Streaming reads: whatever one partition holds from a position now (kafka-python, no group).
+
+    ``poll(topic, partition, position)`` returns (batch or None, next position); the
+    position also moves over offsets that hold no record.
+    """
+
+    def __init__(self, connection: KafkaConnection, *, max_batch: int = 5_000) -> None:
+        from kafka import KafkaConsumer
+
+        self._max_batch = max_batch
+        self._consumer = KafkaConsumer(
+            **connection.kafka_python(), group_id=None, enable_auto_commit=False, check_crcs=False,
+            fetch_min_bytes=1, fetch_max_wait_ms=50, max_poll_records=max_batch, auto_offset_reset="earliest",
+        )
+        self._assigned: Any = None
+
+    def poll(self, topic: str, partition: int, position: int, timeout_s: float = 0.2) -> tuple[MessageBatch | None,
+                                                                                               int]:
+        from kafka import TopicPartition
+
+        tp = TopicPartition(topic, partition)
+        if self._assigned != tp:
+            self._consumer.assign([tp])
+            self._assigned = tp
+            self._consumer.seek(tp, position)
+        elif self._consumer.position(tp) != position:
+            self._consumer.seek(tp, position)
+        records = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=self._max_batch).get(tp, [])
+        records = [r for r in records if r.offset >= position]
+        after = max(position, self._consumer.position(tp) or position)
+        if not records:
+            return None, after
+        values = [r.value if r.value is not None else b"" for r in records]
+        batch = MessageBatch(topic, partition, np.asarray([r.offset for r in records], dtype=np.int64),
+                             Payloads.from_list(values))
+        return batch, max(after, int(batch.offsets[-1]) + 1)
 
     def close(self) -> None:
         self._consumer.close()

@@ -52,7 +52,7 @@ from pipelines.features.parse import (
 from schemas.enums import DEVICES, EVENT_TYPES, SURFACES
 from schemas.layouts import EVENT
 
-__all__ = ["Payloads", "SourceNamer", "decode_events"]
+__all__ = ["Decoded", "Payloads", "SourceNamer", "decode_events", "decode_indexed"]
 
 #: ``source_of(indices)`` names where the payloads at ``indices`` came from (for dead letters).
 SourceNamer = Callable[[np.ndarray], list[str]]
@@ -152,16 +152,31 @@ def decode_events(payloads: Payloads, source_of: SourceNamer, stage: str = "pars
     Equal to ``parse_json_lines(payloads, source_of(all indices), stage)``;
     ``source_of`` is called only with the indices of the dead letters.
     """
+    return decode_indexed(payloads, source_of, stage).result
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A decoded batch plus which payload each row came from: ``event_rows`` ``(E,)``, ``dead_rows`` ``(D,)``."""
+
+    result: ParseResult
+    event_rows: np.ndarray
+    dead_rows: np.ndarray
+
+
+def decode_indexed(payloads: Payloads, source_of: SourceNamer, stage: str = "parse") -> Decoded:
+    """:func:`decode_events` that also says which payload became which event or dead letter."""
     n = len(payloads)
+    none = np.zeros(0, dtype=np.int64)
     if n == 0:
-        return ParseResult(EVENT.schema.empty_table(), dead_letter_table(stage, []))
+        return Decoded(ParseResult(EVENT.schema.empty_table(), dead_letter_table(stage, [])), none, none)
     clean = np.flatnonzero(~_suspects(payloads))
     table, read_rows, _ = _read_arrow(payloads.select(clean))
     fast_rows = clean[read_rows]
     ok = _valid_mask(table)
     events = _to_event_layout(table if ok.false_count == 0 else table.filter(ok))
     if events.num_rows == n:
-        return ParseResult(events, dead_letter_table(stage, []))
+        return Decoded(ParseResult(events, dead_letter_table(stage, [])), fast_rows, none)
     is_fast = np.zeros(n, dtype=bool)
     is_fast[fast_rows[ok.to_numpy(zero_copy_only=False)]] = True
     return _with_slow_rows(payloads, events, is_fast, source_of, stage)
@@ -169,7 +184,7 @@ def decode_events(payloads: Payloads, source_of: SourceNamer, stage: str = "pars
 
 def _with_slow_rows(
     payloads: Payloads, fast: pa.Table, is_fast: np.ndarray, source_of: SourceNamer, stage: str
-) -> ParseResult:
+) -> Decoded:
     """``fast`` plus parse_json_lines over every other payload, merged in payload order."""
     slow_rows = np.flatnonzero(~is_fast)
     # Positions as sources tell which slow payloads became dead letters; the real
@@ -180,12 +195,13 @@ def _with_slow_rows(
     sources = source_of(slow_rows[dead_pos]) if len(dead_pos) else []
     where = dead.schema.get_field_index("source")
     dead = dead.set_column(where, dead.schema.field(where), pa.array(sources, pa.string()))
-    events = fast
+    events, event_rows = fast, np.flatnonzero(is_fast)
     if slow.events.num_rows:
         accepted = np.setdiff1d(np.arange(len(slow_rows)), dead_pos)
-        order = np.argsort(np.concatenate([np.flatnonzero(is_fast), slow_rows[accepted]]), kind="stable")
-        events = pa.concat_tables([fast, slow.events]).take(pa.array(order))
-    return ParseResult(events, dead)
+        rows = np.concatenate([event_rows, slow_rows[accepted]])
+        order = np.argsort(rows, kind="stable")
+        events, event_rows = pa.concat_tables([fast, slow.events]).take(pa.array(order)), rows[order]
+    return Decoded(ParseResult(events, dead), event_rows, slow_rows[dead_pos])
 
 
 def _owners(payloads: Payloads, positions: np.ndarray) -> np.ndarray:

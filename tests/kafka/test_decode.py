@@ -222,3 +222,16 @@ def test_events_match_the_layout_types() -> None:
     row = result.events.to_pylist()[0]
     assert row["advertiser_id"] is None and row["device"] is None and row["value"] is None
     assert result.events.schema.field("event_time").type == pa.timestamp("ms", tz="UTC")
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_payloads(), min_size=1, max_size=30))
+def test_indexed_rows_name_the_payload_of_each_event_and_dead_letter(payloads: list[bytes]) -> None:
+    decoded = decode.decode_indexed(Payloads.from_list(payloads), _sources)
+    assert len(decoded.event_rows) == decoded.result.events.num_rows
+    assert len(decoded.dead_rows) == decoded.result.dead_letters.num_rows
+    assert sorted([*decoded.event_rows, *decoded.dead_rows]) == list(range(len(payloads)))
+    assert list(decoded.event_rows) == sorted(decoded.event_rows)
+    for row, event_id in zip(decoded.event_rows, decoded.result.events.column("event_id").to_pylist(), strict=True):
+        assert parse_json_lines([payloads[row]], ["x"]).events.column("event_id").to_pylist() == [event_id]
+    assert decoded.result.dead_letters.column("source").to_pylist() == _sources(decoded.dead_rows)

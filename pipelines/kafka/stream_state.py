@@ -1,0 +1,124 @@
+"""Pure parts of streaming histories: offset ledgers, per-shard merges, flush files.
+
+No Beam here. The streaming job (:mod:`pipelines.kafka.streaming`) keeps, per
+user shard, the shard's current histories; every flush merges the buffered
+events into them with :func:`pipelines.features.histories.build_histories`
+(late events land in their place: histories are ordered by event time),
+writes the changed rows as one Parquet *flush file* (atomically: a killed job
+never leaves half a file), and only then reports the flushed offsets to the
+:class:`OffsetLedger` that decides what may be committed to Kafka.
+
+On restart, :func:`latest_histories` rebuilds a shard's state from its flush
+files (the newest row of each user); events after the committed offsets are
+read again, and the merge drops those already in a history (same event_id).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from pipelines.features.histories import build_histories
+from pipelines.io.parquet import conform, read_table
+from schemas.layouts import EVENT, HISTORY
+
+__all__ = ["OffsetLedger", "ShardMerge", "flush_path", "latest_histories", "merge_shard", "write_flush"]
+
+#: Columns the stream adds to EVENT tables so that flushed events can be acknowledged.
+PARTITION, OFFSET = "_partition", "_offset"
+
+
+@dataclass
+class OffsetLedger:
+    """Offsets of one partition made durable so far; ``next`` is what may be committed.
+
+    Every offset from the start is reported exactly once (events after their
+    flush, dead letters after their write, gaps by the reader); ``next`` is the
+    first offset not yet known durable, so committing it never skips a record.
+    """
+
+    next: int
+    pending: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    def add(self, offsets: np.ndarray) -> bool:
+        """Record durable ``offsets``; True when ``next`` moved."""
+        fresh = np.asarray(offsets, dtype=np.int64)
+        fresh = fresh[fresh >= self.next]
+        if not len(fresh):
+            return False
+        pending = np.union1d(self.pending, fresh)
+        # The run of consecutive offsets that starts at `next`.
+        run = int(np.argmax(np.r_[pending != np.arange(self.next, self.next + len(pending)), True]))
+        moved = run > 0
+        self.next += run
+        self.pending = pending[run:]
+        return moved
+
+
+@dataclass(frozen=True)
+class ShardMerge:
+    """One flush of a shard: the changed history rows and the shard's new state."""
+
+    changed: pa.Table
+    state: pa.Table
+    duplicates: int
+
+
+def merge_shard(events: pa.Table, state: pa.Table | None, *, max_history: int) -> ShardMerge:
+    """Merge buffered EVENT rows into the shard's HISTORY ``state`` (only touched users are rebuilt)."""
+    events = events.select(EVENT.schema.names)
+    touched = pc.unique(events.column("user_id"))
+    previous = None
+    rest = None
+    if state is not None and state.num_rows:
+        mask = pc.is_in(state.column("user_id"), value_set=touched)
+        previous, rest = state.filter(mask), state.filter(pc.invert(mask))
+    build = build_histories(events, previous, max_history=max_history)
+    changed = build.histories
+    merged = changed if rest is None or not rest.num_rows else pa.concat_tables([rest, conform(changed, HISTORY)])
+    order = pc.sort_indices(merged, [("user_id", "ascending")])
+    return ShardMerge(changed, conform(merged.take(order), HISTORY), build.duplicates + build.duplicates_previous)
+
+
+def flush_path(output: str, shard: int, clock_ns: int | None = None) -> str:
+    """``<output>/histories/shard=NNNNN/flush-<ns>-<rand>.parquet``: names sort by flush time."""
+    stamp = clock_ns if clock_ns is not None else time.time_ns()
+    return f"{output.rstrip('/')}/histories/shard={shard:05d}/flush-{stamp:020d}-{uuid.uuid4().hex[:8]}.parquet"
+
+
+def write_flush(table: pa.Table, path: str) -> str:
+    """Write ``table`` (HISTORY) to ``path`` atomically (temporary name, fsync, rename)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp")
+    with open(tmp, "wb") as f:
+        pq.write_table(conform(table, HISTORY), f, compression="zstd")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, target)
+    return str(target)
+
+
+def latest_histories(output: str, shard: int | None = None) -> pa.Table:
+    """The newest row of each user over the flush files (of one shard, or all of them)."""
+    pattern = f"shard={shard:05d}/flush-*.parquet" if shard is not None else "shard=*/flush-*.parquet"
+    files = sorted(Path(output, "histories").glob(pattern), key=lambda p: p.name)
+    if not files:
+        return HISTORY.schema.empty_table()
+    tables = [read_table(str(f), HISTORY) for f in files]
+    rank = pa.chunked_array([pa.array(np.full(t.num_rows, i, dtype=np.int64)) for i, t in enumerate(tables)])
+    table = pa.concat_tables(tables)
+    table = table.append_column("_rank", rank)
+    order = pc.sort_indices(table, [("user_id", "ascending"), ("_rank", "descending")])
+    table = table.take(order)
+    users = table.column("user_id").to_numpy()
+    first = np.r_[True, users[1:] != users[:-1]] if len(users) else np.zeros(0, bool)
+    return conform(table.filter(pa.array(first)).drop_columns(["_rank"]), HISTORY)
