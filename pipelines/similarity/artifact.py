@@ -1,0 +1,122 @@
+"""The index folder: the FAISS index, the id map, the vectors and a manifest.
+
+::
+
+    INDEX_DIR/manifest.json     model_version, dim, metric, factory, count, built_at, search params, ...
+    INDEX_DIR/ids.parquet       position -> user_id (ID_MAP layout; positions are sorted by user_id)
+    INDEX_DIR/vectors.npy       (count, dim) float16: each position's vector (the resolver's queries)
+    INDEX_DIR/index.faiss       one index ("merged"), or
+    INDEX_DIR/shard-NNNNN.faiss one per shard ("sharded", e.g. HNSW), searched as one IndexShards
+
+The id map layout belongs to this stage (like the generator's ground truth), not to
+``schemas/``: only the resolver reads it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+
+from pipelines.errors import ConfigError, LayoutError
+from pipelines.io.parquet import read_table, write_table
+from pipelines.similarity.faiss_ops import Metric
+from schemas.layouts import Layout
+
+__all__ = ["ID_MAP", "IndexManifest", "read_manifest", "write_id_map", "write_manifest"]
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+IDS_NAME = "ids.parquet"
+VECTORS_NAME = "vectors.npy"
+INDEX_NAME = "index.faiss"
+
+ID_MAP = Layout(
+    "similarity_id_map",
+    1,
+    pa.schema([pa.field("position", pa.int64(), nullable=False), pa.field("user_id", pa.int64(), nullable=False)]),
+)
+
+
+@dataclass(frozen=True)
+class IndexManifest:
+    """What an index folder holds and how it was built (``manifest.json``)."""
+
+    model_version: str
+    dim: int
+    metric: Metric
+    factory: str
+    count: int
+    built_at: str
+    layout: Literal["merged", "sharded"] = "merged"
+    files: list[str] = field(default_factory=lambda: [INDEX_NAME])
+    shards: int = 1
+    search_params: str = ""
+    tuned_recall_at_10: float | None = None
+    train_size: int = 0
+    seed: int = 0
+    gpu_used: bool = False
+    build_seconds: float = 0.0
+    source: str = ""
+    format_version: int = FORMAT_VERSION
+
+    @staticmethod
+    def now() -> str:
+        return datetime.now(UTC).isoformat(timespec="seconds")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+
+def write_manifest(folder: str | Path, manifest: IndexManifest) -> Path:
+    path = Path(folder) / MANIFEST_NAME
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(manifest.to_json())
+    tmp.replace(path)
+    return path
+
+
+def read_manifest(folder: str | Path) -> IndexManifest:
+    """The manifest of an index folder; :class:`ConfigError` naming ``--index`` when absent or foreign."""
+    path = Path(folder) / MANIFEST_NAME
+    if not path.is_file():
+        raise ConfigError("--index", f"{str(folder)!r} has no {MANIFEST_NAME}",
+                          "pass the --output folder of `python -m pipelines index`")
+    data: dict[str, Any] = json.loads(path.read_text())
+    if data.get("format_version") != FORMAT_VERSION:
+        raise ConfigError("--index", f"{path} is index format {data.get('format_version')}, this code reads "
+                          f"{FORMAT_VERSION}", "rebuild the index with `python -m pipelines index`")
+    return IndexManifest(**data)
+
+
+def write_id_map(folder: str | Path, user_ids: np.ndarray) -> Path:
+    path = Path(folder) / IDS_NAME
+    table = pa.table({"position": pa.array(np.arange(len(user_ids), dtype=np.int64)),
+                      "user_id": pa.array(np.asarray(user_ids, dtype=np.int64))})
+    write_table(table, str(path), ID_MAP)
+    return path
+
+
+def read_id_map(folder: str | Path) -> np.ndarray:
+    """``user_id`` per position, ``(count,) int64`` (sorted ascending)."""
+    table = read_table(str(Path(folder) / IDS_NAME), ID_MAP)
+    positions = np.asarray(table.column("position").to_numpy(), dtype=np.int64)
+    if not np.array_equal(positions, np.arange(len(positions))):
+        raise LayoutError(f"{folder}/{IDS_NAME}: positions are not 0..{len(positions) - 1} in order")
+    return np.asarray(table.column("user_id").to_numpy(), dtype=np.int64)
+
+
+def write_vectors(folder: str | Path, vectors: np.ndarray) -> Path:
+    path = Path(folder) / VECTORS_NAME
+    np.save(path, np.asarray(vectors, dtype=np.float16))
+    return path
+
+
+def read_vectors(folder: str | Path) -> np.ndarray:
+    """``(count, dim) float16``, memory-mapped (a 1M x 64 index costs no load time)."""
+    return np.load(Path(folder) / VECTORS_NAME, mmap_mode="r")

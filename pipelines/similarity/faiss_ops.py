@@ -1,0 +1,266 @@
+"""FAISS building blocks (pure functions over numpy arrays and faiss indexes, no Beam).
+
+Index types come as factory strings (``"Flat"``, ``"HNSW32"``, ``"IVF4096,Flat"``,
+``"IVF1024,PQ16"``; ``"auto"`` picks Flat for small inputs and IVF otherwise).
+IVF and flat-code indexes (Flat, PQ, SQ) built on disjoint shards from one trained
+index can be merged into one; graph indexes (HNSW) cannot and are served as an
+``IndexShards``. GPU: with ``gpu="auto"`` a faiss build with GPU support and a
+visible GPU gets GPU copies for training, adding and searching (index types the
+GPU lacks, like HNSW, stay on the CPU); otherwise everything runs on the CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Literal
+
+import numpy as np
+
+from pipelines.errors import ConfigError
+
+logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # which SIMD build loaded: noise per process
+import faiss as _faiss  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+#: faiss's generated stubs miss much of its SWIG surface (IndexShards.at, ParameterSpace
+#: overloads): the project treats the module as untyped, through this one name.
+faiss: Any = _faiss
+
+Metric = Literal["ip", "l2"]
+GpuMode = Literal["auto", "off"]
+METRICS: dict[str, int] = {"ip": faiss.METRIC_INNER_PRODUCT, "l2": faiss.METRIC_L2}
+AUTO_FLAT_BELOW = 20_000
+ADD_BATCH = 65_536
+_TRAIN_POINTS_PER_LIST = 50
+_MIN_TRAIN = 65_536
+
+__all__ = [
+    "exact_search",
+    "faiss",
+    "gpu_count",
+    "merge_indexes",
+    "mergeable",
+    "new_index",
+    "recall_at_k",
+    "resolve_factory",
+    "set_search_params",
+    "to_cpu",
+    "to_gpu",
+    "train_size",
+    "tune_search",
+]
+
+
+def resolve_factory(factory: str, n: int) -> str:
+    """``auto`` -> ``Flat`` below 20,000 vectors, else ``IVF<nlist>,Flat`` with nlist ≈ 4·√n (a power of 2)."""
+    if factory != "auto":
+        return factory
+    if n < AUTO_FLAT_BELOW:
+        return "Flat"
+    return f"IVF{2 ** round(math.log2(4 * math.sqrt(n)))},Flat"
+
+
+def new_index(factory: str, dim: int, metric: Metric) -> Any:
+    """An empty index from a factory string; :class:`ConfigError` naming ``--factory`` when unparsable."""
+    if metric not in METRICS:
+        raise ConfigError("--metric", f"unknown metric {metric!r}", "pass ip or l2")
+    try:
+        return faiss.index_factory(dim, factory, METRICS[metric])
+    except RuntimeError as exc:
+        raise ConfigError("--factory", f"faiss cannot build {factory!r} for dim {dim}",
+                          "pass a faiss factory string such as Flat, HNSW32, IVF1024,Flat or IVF1024,PQ16") from exc
+
+
+def nlist_of(index: Any) -> int | None:
+    """The number of inverted lists of an IVF index (inside any pre-transform), else None."""
+    try:
+        return int(faiss.extract_index_ivf(index).nlist)
+    except RuntimeError:
+        return None
+
+
+def train_size(index: Any, n: int, requested: int | None = None) -> int:
+    """How many vectors to train on: 0 for indexes that need no training, else ``requested``
+    or enough for the index (50 per IVF list, at least 65,536), never more than ``n``."""
+    if index.is_trained:
+        return 0
+    if requested is not None:
+        return min(n, requested)
+    nlist = nlist_of(index) or 0
+    return min(n, max(_TRAIN_POINTS_PER_LIST * nlist, _MIN_TRAIN))
+
+
+def seed_training(index: Any, seed: int) -> None:
+    """Seed the k-means of an IVF coarse quantizer and of a product quantizer, so builds repeat."""
+    ivf = faiss.extract_index_ivf(index) if nlist_of(index) is not None else None
+    if ivf is not None:
+        ivf.cp.seed = seed
+    for owner in (ivf, index):
+        pq = getattr(owner, "pq", None) if owner is not None else None
+        if pq is not None:
+            pq.cp.seed = seed
+
+
+def check_trainable(index: Any, factory: str, n_train: int) -> None:
+    """Fail early when an index cannot be trained on ``n_train`` vectors (IVF needs ≥ nlist)."""
+    if index.is_trained:
+        return
+    nlist = nlist_of(index)
+    need = nlist if nlist is not None else 256
+    if n_train < need:
+        raise ConfigError("--factory", f"{factory!r} needs at least {need} training vectors, "
+                          f"the input has {n_train}", "pass a smaller index (e.g. Flat or fewer IVF lists)")
+
+
+def gpu_count(mode: GpuMode) -> int:
+    """GPUs faiss may use: 0 with ``off``, without GPU support in this faiss build, or without GPUs."""
+    if mode == "off" or not hasattr(faiss, "StandardGpuResources"):
+        return 0
+    return int(faiss.get_num_gpus())
+
+
+def to_gpu(index: Any, mode: GpuMode) -> tuple[Any, bool]:
+    """``(index on all GPUs, True)`` when allowed and supported, else ``(index, False)``."""
+    if gpu_count(mode) == 0:
+        return index, False
+    try:
+        return faiss.index_cpu_to_all_gpus(index), True
+    except (RuntimeError, AttributeError) as exc:  # e.g. HNSW has no GPU implementation
+        log.info("faiss: %s stays on the CPU (%s)", type(index).__name__, str(exc).splitlines()[0][:120])
+        return index, False
+
+
+def to_cpu(index: Any, on_gpu: bool) -> Any:
+    return faiss.index_gpu_to_cpu(index) if on_gpu else index
+
+
+def train(index: Any, sample: np.ndarray, gpu: GpuMode = "off") -> Any:
+    """Train ``index`` on ``sample`` (N, D) float32 (on GPU when allowed); returns the trained CPU index."""
+    if index.is_trained:
+        return index
+    work, on_gpu = to_gpu(index, gpu)
+    work.train(sample)
+    return to_cpu(work, on_gpu)
+
+
+def add_in_batches(index: Any, vectors: np.ndarray, ids: np.ndarray | None = None, gpu: GpuMode = "off",
+                   batch: int = ADD_BATCH) -> Any:
+    """Add ``vectors`` (with explicit ``ids`` when given) ``batch`` rows at a time; returns the CPU index."""
+    work, on_gpu = to_gpu(index, gpu)
+    for start in range(0, len(vectors), batch):
+        chunk = np.ascontiguousarray(vectors[start:start + batch])
+        if ids is None:
+            work.add(chunk)
+        else:
+            work.add_with_ids(chunk, np.ascontiguousarray(ids[start:start + batch], dtype=np.int64))
+    return to_cpu(work, on_gpu)
+
+
+def uses_explicit_ids(index: Any) -> bool:
+    """IVF indexes take explicit ids (global positions); flat-code and graph indexes number rows in order."""
+    return nlist_of(index) is not None
+
+
+def mergeable(index: Any) -> bool:
+    """Whether shards of this index type merge into one index (IVF and flat-code indexes)."""
+    return nlist_of(index) is not None or isinstance(index, faiss.IndexFlatCodes)
+
+
+def merge_indexes(parts: list[Any]) -> Any:
+    """Merge shard indexes (same trained state, disjoint ids, in position order) into the first."""
+    base = parts[0]
+    for other in parts[1:]:
+        if nlist_of(base) is not None:
+            inner = faiss.extract_index_ivf(base)
+            inner.merge_from(faiss.extract_index_ivf(other), 0)
+            if inner is not base:  # a pre-transform wrapper keeps its own count
+                base.ntotal = inner.ntotal
+        else:
+            base.merge_from(other)
+    return base
+
+
+def serialize(index: Any) -> bytes:
+    return bytes(faiss.serialize_index(index))
+
+
+def deserialize(data: bytes) -> Any:
+    return faiss.deserialize_index(np.frombuffer(data, dtype=np.uint8))
+
+
+def set_search_params(index: Any, params: str) -> None:
+    """Apply ``"nprobe=8"`` / ``"efSearch=128"`` style parameters (also to each shard of an IndexShards)."""
+    if not params:
+        return
+    if isinstance(index, faiss.IndexShards):
+        for i in range(index.count()):
+            set_search_params(faiss.downcast_index(index.at(i)), params)
+        return
+    space = faiss.GpuParameterSpace() if hasattr(faiss, "GpuParameterSpace") else faiss.ParameterSpace()
+    try:
+        space.set_index_parameters(index, params)
+    except RuntimeError as exc:
+        raise ConfigError("--search-params", f"{params!r} does not apply to {type(index).__name__}",
+                          "use nprobe=N for IVF indexes, efSearch=N for HNSW, or nothing") from exc
+
+
+def exact_search(vectors: np.ndarray, queries: np.ndarray, k: int, metric: Metric) -> tuple[np.ndarray, np.ndarray]:
+    """Brute-force ``(scores, positions)`` of the ``k`` nearest ``vectors`` to each query (IndexFlat)."""
+    flat = faiss.IndexFlatIP(vectors.shape[1]) if metric == "ip" else faiss.IndexFlatL2(vectors.shape[1])
+    flat.add(vectors)
+    scores, ids = flat.search(queries, k)
+    return scores, ids
+
+
+def recall_at_k(found: np.ndarray, truth: np.ndarray) -> float:
+    """Mean |found ∩ truth| / k over queries (``found``, ``truth``: (Q, k) positions, -1 = none)."""
+    if truth.size == 0:
+        return float("nan")
+    hits = sum(len(np.intersect1d(f[f >= 0], t[t >= 0], assume_unique=False)) for f, t in zip(found, truth,
+                                                                                              strict=True))
+    return hits / truth.size
+
+
+def _candidates(index: Any) -> tuple[str, list[int]] | None:
+    first = faiss.downcast_index(index.at(0)) if isinstance(index, faiss.IndexShards) else index
+    nlist = nlist_of(first)
+    if nlist is not None:
+        return "nprobe", [p for p in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if p <= nlist]
+    if hasattr(first, "hnsw"):
+        return "efSearch", [16, 32, 64, 128, 256, 512, 1024]
+    return None
+
+
+def without_self(positions: np.ndarray, own: np.ndarray, k: int) -> np.ndarray:
+    """``(Q, k)`` of ``positions (Q, k+1)`` with each query's own position ``own (Q,)`` dropped."""
+    keep = positions != own[:, None]
+    order = np.argsort(~keep, axis=1, kind="stable")[:, :k]
+    return np.where(np.take_along_axis(keep, order, axis=1), np.take_along_axis(positions, order, axis=1), -1)
+
+
+def tune_search(index: Any, queries: np.ndarray, truth: np.ndarray, target: float,
+                own: np.ndarray | None = None) -> tuple[str, float]:
+    """The cheapest search parameter reaching ``target`` recall@k on ``queries`` against ``truth``
+    (Q, k) exact positions, and the recall it gets; ``("", recall)`` for indexes with no knob.
+    With ``own (Q,)`` the queries are indexed vectors whose own position is left out of the answers
+    (``truth`` must already leave it out), as the resolver searches."""
+    k = truth.shape[1]
+
+    def recall() -> float:
+        found = index.search(queries, k + (own is not None))[1]
+        return recall_at_k(found if own is None else without_self(found, own, k), truth)
+
+    knob = _candidates(index)
+    if knob is None:
+        return "", recall()
+    name, values = knob
+    params, got = "", float("nan")
+    for value in values:
+        params = f"{name}={value}"
+        set_search_params(index, params)
+        got = recall()
+        if got >= target:
+            break
+    return params, got

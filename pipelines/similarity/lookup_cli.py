@@ -1,0 +1,97 @@
+"""Resolve one request: a representation for each (user, ad), with the path taken and its age.
+
+For each ad, in order: the exact (user, ad) representation when at most --max-age
+old; else the same user's older (user, ad) representation or its user-level
+representation, at most --fallback-max-age old; else the similarity-weighted mean
+of the --k nearest users' (neighbour, ad) representations; else none. One index
+search and one store round trip per request. A store or request holding another
+model_version than the index is an error, never a silent mix.
+
+    python -m pipelines lookup --store lmdb:///out/store --index out/index --user 42 --ads 7,8,9
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+
+from pipelines.errors import ConfigError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", required=True, metavar="URI", help="lmdb:///path or redis://host:port/db")
+    parser.add_argument("--index", required=True, metavar="INDEX_DIR", help="output folder of the index command")
+    parser.add_argument("--user", required=True, type=int, help="the requesting user id")
+    parser.add_argument("--ads", required=True, help="candidate ad ids, comma-separated")
+    parser.add_argument("--max-age", default="1h", help="an exact pair older than this is stale (default: 1h)")
+    parser.add_argument("--fallback-max-age", default="7d",
+                        help="staleness bound of same-user and neighbours' representations (default: 7d)")
+    parser.add_argument("--k", type=int, default=10, help="nearest users searched (default: %(default)s)")
+    parser.add_argument("--min-neighbors", type=int, default=1,
+                        help="neighbours with a representation of the ad needed for that path (default: 1)")
+    parser.add_argument("--paths", default="same_user_pair,same_user,similar_users",
+                        help="fallback paths allowed, comma-separated (default: %(default)s)")
+    parser.add_argument("--neighbor-reads", default="always", choices=("always", "auto"),
+                        help="always: neighbours' pairs in the one store round trip; auto: only when the user-level "
+                             "representation cannot answer (a second, smaller trip) (default: %(default)s)")
+    parser.add_argument("--model-version", default=None, help="fail unless the index serves this model_version")
+    parser.add_argument("--gpu", default="auto", choices=("auto", "off"), help="search on a GPU when present")
+    parser.add_argument("--json", action="store_true", help="print one JSON object per ad, embeddings included")
+
+
+def _ads(text: str) -> list[int]:
+    try:
+        ads = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise ConfigError("--ads", f"{text!r} is not a list of integers", "pass e.g. --ads 7,8,9") from exc
+    if not ads:
+        raise ConfigError("--ads", "no ad ids given", "pass e.g. --ads 7,8,9")
+    return ads
+
+
+def _seconds(flag: str, text: str) -> float:
+    from pipelines.store import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise ConfigError(flag, str(exc), "give a duration like 90s, 15m, 2h, 7d") from exc
+
+
+def _fmt(x: float | None, spec: str, unit: str = "") -> str:
+    width = int("".join(c for c in spec.split(".")[0] if c.isdigit()) or 0)
+    return "-".rjust(width + len(unit)) if x is None or math.isnan(x) else format(x, spec) + unit
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipelines.similarity.policy import ResolverConfig
+    from pipelines.similarity.resolver import Resolver
+    from pipelines.similarity.user_index import UserIndex
+    from pipelines.store import open_store
+
+    config = ResolverConfig(max_age_s=_seconds("--max-age", args.max_age),
+                            fallback_max_age_s=_seconds("--fallback-max-age", args.fallback_max_age),
+                            k=args.k, min_neighbors=args.min_neighbors,
+                            paths=tuple(p.strip() for p in args.paths.split(",") if p.strip()),
+                            neighbor_reads=args.neighbor_reads)
+    ads = _ads(args.ads)
+    index = UserIndex.load(args.index, gpu=args.gpu)
+    with open_store(args.store) as store:
+        started = time.perf_counter()
+        got = Resolver(store, index, config).resolve(args.user, ads, model_version=args.model_version)
+        elapsed_ms = (time.perf_counter() - started) * 1000
+    if args.json:
+        for a in got.answers():
+            print(json.dumps({"user_id": a.user_id, "ad_id": a.ad_id, "path": a.path, "age_s": a.age_s,
+                              "p_click": a.p_click, "neighbors_used": a.neighbors_used, "similarity": a.similarity,
+                              "embedding": None if a.embedding is None else [round(float(v), 5) for v in a.embedding]}))
+        return 0
+    print(f"{'ad_id':>12} {'path':<15} {'age':>10} {'p_click':>8} {'neighbours':>10} {'similarity':>10}")
+    for a in got.answers():
+        print(f"{a.ad_id:>12} {a.path:<15} {_fmt(a.age_s, '>9.0f', 's')} {_fmt(a.p_click, '>8.4f')} "
+              f"{a.neighbors_used:>10} {_fmt(a.similarity, '>10.3f')}")
+    mix = ", ".join(f"{name} {n}" for name, n in got.counts().items() if n)
+    print(f"lookup: user {args.user}, {len(ads)} ads in {elapsed_ms:.2f} ms ({mix}); model {got.model_version}")
+    return 0

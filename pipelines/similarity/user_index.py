@@ -1,0 +1,126 @@
+"""A loaded user index: positions <-> user ids, query vectors, k-nearest-user search.
+
+    index = UserIndex.load("out/index", gpu="auto")
+    found = index.neighbors(np.array([42, 7]), k=10)     # one faiss search for all users
+    found.user_ids  # (2, 10) int64, -1 where fewer neighbours exist
+    found.similarity  # (2, 10) float32: inner product, or 1 - d²/2 for l2 (cosine on unit vectors)
+
+A user's query vector is the one stored at its position (``vectors.npy``), so a
+lookup needs no store read before the search.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipelines.errors import ConfigError
+from pipelines.similarity import faiss_ops as ops
+from pipelines.similarity.artifact import IndexManifest, read_id_map, read_manifest, read_vectors
+from pipelines.similarity.build import BuiltIndex
+from pipelines.similarity.faiss_ops import faiss
+from pipelines.similarity.vectors import as_vectors
+
+__all__ = ["Neighbors", "UserIndex"]
+
+
+@dataclass(frozen=True)
+class Neighbors:
+    """Per query user: ``user_ids (Q, k) int64`` (-1 = none), ``similarity (Q, k) float32`` (NaN = none),
+    nearest first; the user itself is never among its neighbours."""
+
+    user_ids: np.ndarray
+    similarity: np.ndarray
+
+
+class UserIndex:
+    """A FAISS index of user representations with its id map and manifest."""
+
+    def __init__(self, index: Any, manifest: IndexManifest, user_ids: np.ndarray, vectors: np.ndarray,
+                 parts: list[Any] | None = None, on_gpu: bool = False) -> None:
+        if len(user_ids) != manifest.count or index.ntotal != manifest.count:
+            raise ConfigError("--index", f"manifest says {manifest.count} vectors, the id map has {len(user_ids)} "
+                              f"and the index {index.ntotal}", "rebuild the index folder")
+        self.index = index
+        self.manifest = manifest
+        self.user_ids = np.asarray(user_ids, dtype=np.int64)
+        self.vectors = vectors
+        self.on_gpu = on_gpu
+        self._parts = parts or []  # IndexShards does not own its shards: keep them alive
+
+    @classmethod
+    def load(cls, folder: str | Path, *, gpu: ops.GpuMode = "auto") -> UserIndex:
+        """Load an index folder; on a GPU when ``gpu="auto"`` finds one and the index type supports it."""
+        manifest = read_manifest(folder)
+        parts = [faiss.read_index(str(Path(folder) / name)) for name in manifest.files]
+        if manifest.layout == "sharded":
+            index = faiss.IndexShards(manifest.dim, True, True)
+            for part in parts:
+                index.add_shard(part)
+            index.metric_type = parts[0].metric_type
+        else:
+            index = parts[0]
+        index, on_gpu = ops.to_gpu(index, gpu) if manifest.layout == "merged" else (index, False)
+        ops.set_search_params(index, manifest.search_params)
+        return cls(index, manifest, read_id_map(folder), read_vectors(folder), parts, on_gpu)
+
+    @classmethod
+    def from_built(cls, built: BuiltIndex) -> UserIndex:
+        """Wrap an index built in this process (tests, evaluation, benchmarks)."""
+        return cls(built.index, built.manifest, built.user_ids, built.vectors, built.parts)
+
+    @property
+    def model_version(self) -> str:
+        return self.manifest.model_version
+
+    @property
+    def dim(self) -> int:
+        return self.manifest.dim
+
+    def __len__(self) -> int:
+        return len(self.user_ids)
+
+    def positions_of(self, user_ids: np.ndarray) -> np.ndarray:
+        """``(N,)`` position of each user id, -1 for users not in the index."""
+        users = np.asarray(user_ids, dtype=np.int64)
+        if len(self.user_ids) == 0:
+            return np.full(len(users), -1, dtype=np.int64)
+        pos = np.minimum(np.searchsorted(self.user_ids, users), len(self.user_ids) - 1)
+        return np.where(self.user_ids[pos] == users, pos, -1)
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(scores, positions)`` ``(Q, k)`` of raw faiss search; positions -1 where none."""
+        if k < 1:
+            raise ConfigError("--k", f"got {k}", "pass a positive number of neighbours")
+        queries = as_vectors(queries, self.dim, "queries")
+        if len(self) == 0 or len(queries) == 0:
+            return np.full((len(queries), k), np.nan, np.float32), np.full((len(queries), k), -1, np.int64)
+        scores, positions = self.index.search(queries, k)
+        return scores, positions
+
+    def similarity(self, scores: np.ndarray) -> np.ndarray:
+        """Search scores as similarities (higher = closer): inner product, or 1 - d²/2 for l2."""
+        return scores if self.manifest.metric == "ip" else 1.0 - scores / 2.0
+
+    def neighbors(self, user_ids: np.ndarray, k: int) -> Neighbors:
+        """The ``k`` nearest other users of each user, one search for all; none for unknown users."""
+        users = np.asarray(user_ids, dtype=np.int64)
+        out_ids = np.full((len(users), k), -1, dtype=np.int64)
+        out_sim = np.full((len(users), k), np.nan, dtype=np.float32)
+        rows = np.flatnonzero((pos := self.positions_of(users)) >= 0)
+        if len(rows) == 0:
+            return Neighbors(out_ids, out_sim)
+        queries = np.asarray(self.vectors[pos[rows]], dtype=np.float32)
+        scores, found = self.search(queries, min(k + 1, len(self)))
+        keep = (found >= 0) & (found != pos[rows][:, None])
+        order = np.argsort(~keep, axis=1, kind="stable")[:, :k]  # kept ones first, nearest first
+        taken = np.take_along_axis(found, order, axis=1)
+        valid = np.take_along_axis(keep, order, axis=1)
+        sims = self.similarity(np.take_along_axis(scores, order, axis=1))
+        width = taken.shape[1]
+        out_ids[rows, :width] = np.where(valid, self.user_ids[np.maximum(taken, 0)], -1)
+        out_sim[rows, :width] = np.where(valid, sims, np.nan)
+        return Neighbors(out_ids, out_sim)
