@@ -20,6 +20,7 @@ from pipelines.errors import PipelinesError
 COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("pipelines.generator.cli", "generate a synthetic engagement world (events + ground truth)"),
     "features": ("pipelines.features.cli", "build per-user histories and training examples (Beam, batch)"),
+    "train": ("pipelines.model.train_cli", "train the GEM-style model and its baseline; write model.pt + metrics.json"),
     "precompute": ("pipelines.precompute.cli", "precompute user and (user, ad) representations (Beam, RunInference)"),
     "inspect": ("pipelines.inspect.cli", "summarise any Parquet output of this project"),
     "index": ("pipelines.similarity.index_cli", "build a FAISS index of user representations (Beam, sharded)"),

@@ -1,0 +1,47 @@
+"""The GEM-style model: jagged block attention, sequence summarisation, MoE interactions.
+
+Inference in three calls (what the precompute stage's ModelHandler does)::
+
+    from pipelines.model import HistoryIndex, ad_catalog, build_candidate_batch, load_model
+
+    model = load_model(MODEL_DIR, device="auto")          # GemModel, eval mode
+    index = HistoryIndex(histories)                       # a `history`-layout Arrow table
+    batch = build_candidate_batch(index, candidates, max_len=model.config.max_len,
+                                  catalog=ad_catalog(index))
+    reps = model.represent(batch)                         # Representations of numpy arrays
+
+Names are imported lazily so that ``python -m pipelines --help`` does not load torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "GemConfig": "pipelines.model.config",
+    "GemModel": "pipelines.model.gem",
+    "GemOutput": "pipelines.model.gem",
+    "Representations": "pipelines.model.gem",
+    "GemBatch": "pipelines.model.batch",
+    "ExampleSet": "pipelines.model.batch",
+    "HistoryIndex": "pipelines.model.batch",
+    "ad_catalog": "pipelines.model.batch",
+    "build_candidate_batch": "pipelines.model.batch",
+    "build_example_batch": "pipelines.model.batch",
+    "build_user_batch": "pipelines.model.batch",
+    "CheckpointError": "pipelines.model.checkpoint",
+    "load_model": "pipelines.model.checkpoint",
+    "save_checkpoint": "pipelines.model.checkpoint",
+    "resolve_device": "pipelines.model.checkpoint",
+    "TrainConfig": "pipelines.model.train",
+    "train_model": "pipelines.model.train",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'pipelines.model' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

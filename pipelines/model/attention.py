@@ -1,0 +1,272 @@
+"""The sequence components: block attention (local) and pooled summarisation (global).
+
+Both take the history as jagged ``tokens: (L, D)`` plus a shared :class:`BlockLayout`;
+neither pads to the batch's longest history. Each module also has a ``reference``
+method that computes the same thing on padded tensors with explicit masks (the plain
+PyTorch reference the tests compare against).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pipelines.model.jagged import BlockLayout
+
+
+class FeedForward(nn.Module):
+    """Pre-norm residual MLP applied token-wise: ``x: (..., D) -> (..., D)``."""
+
+    def __init__(self, d_model: int, multiplier: int, dropout: float) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.up = nn.Linear(d_model, d_model * multiplier)
+        self.down = nn.Linear(d_model * multiplier, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.dropout(self.down(F.silu(self.up(self.norm(x)))))
+
+
+class BlockAttention(nn.Module):
+    """Local layer: each block attends to itself, optionally to the previous block of
+    the same user, and to the user's cached summary tokens; then a feed-forward.
+
+    ``tokens: (L, D)``, ``summary: (B, K, D) | None`` -> ``(L, D)``. Cost is
+    O(L * (2S + K) * D): linear in the history length.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, attend_previous: bool, ffn_multiplier: int,
+                 dropout: float) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, d_model // num_heads
+        self.attend_previous = attend_previous
+        self.norm = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.context_kv = nn.Linear(d_model, 2 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.ffn = FeedForward(d_model, ffn_multiplier, dropout)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(*x.shape[:-1], self.num_heads, self.head_dim)
+
+    def _context(self, summary: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if summary is None:
+            return None
+        k, v = self.context_kv(summary).chunk(2, dim=-1)
+        return self._heads(k), self._heads(v)  # (B, K, H, dh) each
+
+    def forward(self, tokens: torch.Tensor, layout: BlockLayout, summary: torch.Tensor | None
+                ) -> torch.Tensor:
+        if tokens.shape[0] == 0:
+            return tokens
+        q, k, v = (self._heads(t) for t in self.qkv(self.norm(tokens)).chunk(3, dim=-1))
+        qb, kb, vb = layout.scatter(q), layout.scatter(k), layout.scatter(v)  # (NB, S, H, dh)
+        keys, values, masks = [kb], [vb], [layout.valid]
+        if self.attend_previous:
+            k_prev, valid_prev = layout.previous(kb)
+            keys.insert(0, k_prev)
+            values.insert(0, layout.previous(vb)[0])
+            masks.insert(0, valid_prev)
+        context = self._context(summary)
+        if context is not None:
+            keys.append(context[0][layout.block_user])
+            values.append(context[1][layout.block_user])
+            masks.append(layout.valid.new_ones(layout.num_blocks, context[0].shape[1]))
+        key_mask = torch.cat(masks, dim=1)[:, None, None, :]  # (NB, 1, 1, Sk)
+        attended = F.scaled_dot_product_attention(
+            qb.transpose(1, 2), torch.cat(keys, 1).transpose(1, 2), torch.cat(values, 1).transpose(1, 2),
+            attn_mask=key_mask,
+        )  # (NB, H, S, dh)
+        mixed = layout.gather(attended.transpose(1, 2)).reshape(tokens.shape)
+        return self.ffn(tokens + self.dropout(self.out(mixed)))
+
+    def reference(self, padded: torch.Tensor, mask: torch.Tensor, summary: torch.Tensor | None,
+                  block_size: int) -> torch.Tensor:
+        """Padded reference: ``padded: (B, T, D)``, ``mask: (B, T)`` -> ``(B, T, D)``.
+
+        Builds the full ``(B, T, T + K)`` attention mask from the block rule and runs
+        dense masked softmax attention. Quadratic; for tests only.
+        """
+        batch, width, _ = padded.shape
+        lengths = mask.sum(dim=1)
+        pad = (-lengths) % block_size
+        block = (torch.arange(width)[None, :] + pad[:, None]) // block_size  # (B, T)
+        same = block[:, :, None] == block[:, None, :]
+        if self.attend_previous:
+            same = same | (block[:, :, None] - 1 == block[:, None, :])
+        allowed = same & mask[:, None, :] & mask[:, :, None]
+        allowed = allowed | ~mask[:, :, None]  # padded query rows: anything, result discarded
+        q, k, v = (self._heads(t).transpose(1, 2) for t in self.qkv(self.norm(padded)).chunk(3, dim=-1))
+        context = self._context(summary)
+        if context is not None:
+            k = torch.cat([k, context[0].transpose(1, 2)], dim=2)
+            v = torch.cat([v, context[1].transpose(1, 2)], dim=2)
+            allowed = torch.cat([allowed, mask.new_ones(batch, width, context[0].shape[1])], dim=2)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim)
+        scores = scores.masked_fill(~allowed[:, None], float("-inf"))
+        mixed = (scores.softmax(dim=-1) @ v).transpose(1, 2).reshape(padded.shape)
+        out = self.ffn(padded + self.out(mixed))
+        return out * mask[..., None]
+
+
+def jagged_pool(queries: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, layout: BlockLayout
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention of Q queries per user over that user's whole history, block by block.
+
+    ``queries: (H, Q, dh)`` shared by every user, or ``(B, H, Q, dh)`` per user;
+    ``kb: (NB, H, dh, S)``, ``vb: (NB, H, S, dh)`` in block layout -> ``pooled: (B, H, Q, dh)``
+    and ``log_mass: (B, H, Q)``, the log-sum-exp of the scores (how much of the history
+    matches a query, which a softmax average alone forgets). Each block contributes its
+    max, sum and weighted values; they are merged per user with an online softmax, so
+    no ``(B, T)`` tensor is built. A user without history gets zeros.
+    """
+    q = queries[None] if queries.dim() == 3 else queries[layout.block_user]
+    scores = (q @ kb) / math.sqrt(kb.shape[2])  # (NB, H, Q, S)
+    scores = scores.masked_fill(~layout.valid[:, None, None, :], float("-inf"))
+    block_max = scores.amax(dim=-1)  # (NB, H, Q); finite: every block holds a token
+    probs = torch.exp(scores - block_max[..., None])
+    block_sum, block_out = probs.sum(dim=-1), probs @ vb  # (NB, H, Q), (NB, H, Q, dh)
+    shape = (layout.num_users, *block_max.shape[1:])
+    owner = layout.block_user[:, None, None].expand_as(block_max)
+    user_max = block_max.new_full(shape, float("-inf")).scatter_reduce(0, owner, block_max.detach(), "amax")
+    weight = torch.exp(block_max - user_max[layout.block_user])
+    total = block_max.new_zeros(shape).index_add(0, layout.block_user, block_sum * weight)
+    pooled = block_out.new_zeros((*shape, vb.shape[-1])).index_add(
+        0, layout.block_user, block_out * weight[..., None])
+    return pooled / total.clamp_min(1e-30)[..., None], _log_mass(user_max, total)
+
+
+def _log_mass(user_max: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    """log of the softmax normaliser (log-sum-exp of the scores); 0 for an empty history."""
+    empty = total <= 0
+    return torch.where(empty, torch.zeros_like(total),
+                       torch.where(empty, 0.0, user_max) + torch.log(total.clamp_min(1e-30)))
+
+
+def padded_pool(queries: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference of :func:`jagged_pool`: ``queries: (H, Q, dh) | (B, H, Q, dh)``,
+    ``k, v: (B, H, T, dh)``, ``mask: (B, T)`` -> ``(B, H, Q, dh), (B, H, Q)``."""
+    q = queries[None] if queries.dim() == 3 else queries
+    scores = q @ k.transpose(-1, -2) / math.sqrt(k.shape[-1])  # (B, H, Q, T)
+    scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+    log_mass = torch.logsumexp(scores, dim=-1)
+    log_mass = torch.where(torch.isinf(log_mass), torch.zeros_like(log_mass), log_mass)
+    return torch.nan_to_num(scores.softmax(dim=-1), nan=0.0) @ v, log_mass  # empty history: zeros
+
+
+class _Pooling(nn.Module):
+    """Shared key/value projection of the pooled-attention modules."""
+
+    def __init__(self, d_model: int, num_heads: int) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, d_model // num_heads
+        self.norm = nn.LayerNorm(d_model)
+        self.kv = nn.Linear(d_model, 2 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def _blocks(self, tokens: torch.Tensor, layout: BlockLayout) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = self.kv(self.norm(tokens)).chunk(2, dim=-1)
+        kb = layout.scatter(k.view(-1, self.num_heads, self.head_dim)).permute(0, 2, 3, 1)  # (NB,H,dh,S)
+        vb = layout.scatter(v.view(-1, self.num_heads, self.head_dim)).transpose(1, 2)  # (NB,H,S,dh)
+        return kb, vb
+
+    def _padded(self, padded: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        batch, width, _ = padded.shape
+        k, v = (t.view(batch, width, self.num_heads, self.head_dim).transpose(1, 2)
+                for t in self.kv(self.norm(padded)).chunk(2, dim=-1))
+        return k, v
+
+    def _merge(self, pooled: torch.Tensor) -> torch.Tensor:
+        """``(B, H, Q, dh)`` -> ``(B, Q, D)`` through the output projection."""
+        return self.out(pooled.transpose(1, 2).reshape(pooled.shape[0], pooled.shape[2], -1))
+
+
+class PooledSummary(_Pooling):
+    """Global layer: ``K`` learned seed queries cross-attend over the whole history
+    (pooled multi-head attention), then a feed-forward on the K summary tokens.
+
+    ``tokens: (L, D)`` -> ``summary: (B, K, D)`` (see :func:`jagged_pool`).
+    """
+
+    def __init__(self, d_model: int, num_heads: int, num_seeds: int, ffn_multiplier: int,
+                 dropout: float) -> None:
+        super().__init__(d_model, num_heads)
+        self.seeds = nn.Parameter(torch.randn(num_seeds, d_model) * 0.02)
+        self.q = nn.Linear(d_model, d_model)
+        self.ffn = FeedForward(d_model, ffn_multiplier, dropout)
+
+    def _queries(self) -> torch.Tensor:
+        return self.q(self.seeds).view(-1, self.num_heads, self.head_dim).transpose(0, 1)  # (H, K, dh)
+
+    def forward(self, tokens: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
+        pooled, _ = jagged_pool(self._queries(), *self._blocks(tokens, layout), layout)
+        return self.ffn(self.seeds[None] + self._merge(pooled))
+
+    def reference(self, padded: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Padded reference: ``padded: (B, T, D)``, ``mask: (B, T)`` -> ``(B, K, D)``."""
+        pooled, _ = padded_pool(self._queries(), *self._padded(padded), mask)
+        return self.ffn(self.seeds[None] + self._merge(pooled))
+
+
+class TargetAttention(nn.Module):
+    """Target-aware pooling (DIN-style activation unit): each history token is scored
+    against the row's target ad by a small MLP over ``[h, t, h * t]``, per head; a
+    softmax over the user's tokens pools projected values.
+
+    ``tokens: (L, D)``, ``target: (B, D)``, ``offsets: (B+1,)`` -> ``(B, 1, D)``: the
+    pooled values plus a projection of each head's log attention mass, absolute and
+    per history token, so "how much of the history matches the ad" survives the
+    softmax. Cost O(L * D * hidden); no padding and no blocks needed. Feeds the pair
+    representation only; the user representation stays target-free.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, hidden: int = 32) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, d_model // num_heads
+        self.norm = nn.LayerNorm(d_model)
+        self.score = nn.Sequential(nn.Linear(3 * d_model, hidden), nn.SiLU(), nn.Linear(hidden, num_heads))
+        self.value = nn.Linear(d_model, d_model)
+        self.out = nn.Linear(d_model, d_model)
+        self.mass = nn.Linear(2 * num_heads, d_model)
+
+    def _scores(self, h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return self.score(torch.cat([h, t, h * t], dim=-1))
+
+    def _finish(self, pooled: torch.Tensor, log_mass: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """``pooled: (B, H, dh)``, ``log_mass: (B, H)``, ``lengths: (B,)`` -> ``(B, 1, D)``."""
+        per_token = log_mass - torch.log(lengths.clamp_min(1).to(log_mass.dtype))[:, None]
+        mass = self.mass(torch.cat([log_mass, per_token], dim=1))
+        return (self.out(pooled.flatten(1)) + mass)[:, None]
+
+    def forward(self, tokens: torch.Tensor, offsets: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        lengths = offsets[1:] - offsets[:-1]
+        owner = torch.repeat_interleave(torch.arange(lengths.numel(), device=offsets.device), lengths)
+        h = self.norm(tokens)
+        scores = self._scores(h, target[owner])  # (L, H)
+        values = self.value(h).view(-1, self.num_heads, self.head_dim)  # (L, H, dh)
+        shape = (lengths.numel(), self.num_heads)
+        user_max = scores.new_full(shape, float("-inf")).scatter_reduce(
+            0, owner[:, None].expand_as(scores), scores.detach(), "amax")
+        weight = torch.exp(scores - user_max[owner])
+        total = scores.new_zeros(shape).index_add(0, owner, weight)
+        pooled = values.new_zeros((*shape, self.head_dim)).index_add(0, owner, weight[..., None] * values)
+        pooled = pooled / total.clamp_min(1e-30)[..., None]
+        return self._finish(pooled, _log_mass(user_max, total), lengths)
+
+    def reference(self, padded: torch.Tensor, mask: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Padded reference: ``padded: (B, T, D)``, ``mask: (B, T)``, ``target: (B, D)``."""
+        h = self.norm(padded)
+        scores = self._scores(h, target[:, None].expand_as(h))  # (B, T, H)
+        scores = scores.masked_fill(~mask[..., None], float("-inf"))
+        log_mass = torch.logsumexp(scores, dim=1)
+        log_mass = torch.where(torch.isinf(log_mass), torch.zeros_like(log_mass), log_mass)
+        probs = torch.nan_to_num(scores.softmax(dim=1), nan=0.0)  # (B, T, H)
+        values = self.value(h).view(*h.shape[:2], self.num_heads, self.head_dim)
+        pooled = torch.einsum("bth,bthd->bhd", probs, values)
+        return self._finish(pooled, log_mass, mask.sum(dim=1))

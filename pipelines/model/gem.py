@@ -1,0 +1,192 @@
+"""The GEM-style model: jagged history -> summary -> user representation -> MoE -> heads.
+
+::
+
+    history (L, D) ─ layers: [local block attention] [global pooled summary] ─► summary (B, K, D)
+    summary + user/context tokens ─► user representation (B, R), L2-normalised
+    target ad tokens ─ query the final history tokens ─► target-aware token (B, 1, D)
+    target ad ─ hard search of the history (same item / advertiser / category, per event type) ─► match token
+    summary + user rep + context + target ad (+ target-aware) tokens ─► MoE (FM/DCN) ─► pair rep (B, R)
+    pair rep, surface (FiLM) + <user rep, ad vector> + wide(prefix counts) ─► click, conversion logits (B,)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import cast
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pipelines.model.attention import BlockAttention, PooledSummary, TargetAttention
+from pipelines.model.batch import NUM_COUNT_FEATURES, GemBatch
+from pipelines.model.config import GemConfig
+from pipelines.model.embed import NUM_CONTEXT_TOKENS, NUM_TARGET_TOKENS, TokenEmbedder
+from pipelines.model.interaction import MixtureOfExperts
+from pipelines.model.jagged import BlockLayout, to_padded_dense
+from pipelines.model.match import NUM_MATCH_FEATURES, match_features
+
+
+@dataclass
+class GemOutput:
+    """Tensors of one forward: ``click_logit, conversion_logit: (B,)``,
+    ``user_embedding, pair_embedding: (B, R)``, ``aux_loss`` a scalar."""
+
+    click_logit: torch.Tensor
+    conversion_logit: torch.Tensor
+    user_embedding: torch.Tensor
+    pair_embedding: torch.Tensor
+    aux_loss: torch.Tensor
+
+
+@dataclass
+class Representations:
+    """What inference hands downstream, as compact numpy arrays owning their memory.
+
+    ``user_id, ad_id: (B,) int64`` (ad -1 = user-level row); ``p_click, p_conversion:
+    (B,) float32``; ``user_embedding, pair_embedding: (B, R) float32``;
+    ``num_tokens: (B,) int64`` history tokens the model read for each row.
+    """
+
+    user_id: np.ndarray
+    ad_id: np.ndarray
+    p_click: np.ndarray
+    p_conversion: np.ndarray
+    user_embedding: np.ndarray
+    pair_embedding: np.ndarray
+    num_tokens: np.ndarray
+
+
+class SequenceLayer(nn.Module):
+    """One layer: optional local block attention, then optional global summarisation."""
+
+    def __init__(self, config: GemConfig, local: bool, global_: bool) -> None:
+        super().__init__()
+        c = config
+        self.local = BlockAttention(c.d_model, c.num_heads, c.attend_previous_block, c.ffn_multiplier,
+                                    c.dropout) if local else None
+        self.summarize = PooledSummary(c.d_model, c.num_heads, c.num_seeds, c.ffn_multiplier,
+                                       c.dropout) if global_ else None
+
+
+class GemModel(nn.Module):
+    """GEM-style ranking model over jagged histories. See the module docstring."""
+
+    def __init__(self, config: GemConfig) -> None:
+        super().__init__()
+        c = self.config = config
+        self.embed = TokenEmbedder(c)
+        self.layers = nn.ModuleList(SequenceLayer(c, local, global_) for local, global_ in c.layer_plan())
+        r = c.representation_dim
+        self.user_head = nn.Sequential(
+            nn.Linear((c.num_seeds + NUM_CONTEXT_TOKENS) * c.d_model, 2 * r), nn.SiLU(), nn.Linear(2 * r, r))
+        self.user_token = nn.Linear(r, c.d_model)
+        self.target_attention = TargetAttention(c.d_model, c.num_heads) if c.target_attention else None
+        self.target_query = nn.Linear(NUM_TARGET_TOKENS * c.d_model, c.d_model)
+        self.match_token = nn.Linear(NUM_MATCH_FEATURES, c.d_model) if c.target_match else None
+        num_tokens = (c.num_seeds + 1 + NUM_CONTEXT_TOKENS + NUM_TARGET_TOKENS + int(c.target_attention)
+                      + int(c.target_match))
+        self.moe = MixtureOfExperts(num_tokens, c.d_model, c.experts, c.top_k, c.dcn_layers, c.dcn_rank)
+        self.pair_head = nn.Linear(c.d_model, r)
+        self.ad_vector = nn.Linear(NUM_TARGET_TOKENS * c.d_model, r)
+        self.film = nn.Embedding(c.num_surfaces + 1, 2 * r)
+        nn.init.zeros_(self.film.weight)
+        self.task_mlp = nn.Sequential(nn.Linear(r, r), nn.SiLU(), nn.Linear(r, 2))
+        self.surface_bias = nn.Embedding(c.num_surfaces + 1, 2)
+        nn.init.zeros_(self.surface_bias.weight)
+        wide = NUM_COUNT_FEATURES + (NUM_MATCH_FEATURES if c.target_match else 0)
+        self.wide = nn.Linear(wide, 2, bias=False)  # wide part: dense features straight to the logits
+        nn.init.zeros_(self.wide.weight)
+        self.dot_scale = nn.Parameter(torch.full((2,), 2.0))
+        self.model_version = f"untrained-{c.fingerprint()}"
+
+    # ---- sequence encoder -----------------------------------------------------------
+    def _sequence_layers(self) -> list[SequenceLayer]:
+        return [cast(SequenceLayer, layer) for layer in self.layers]
+
+    def encode_sequence(self, tokens: torch.Tensor, offsets: torch.Tensor, target: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Jagged path: ``tokens: (L, D)``, ``offsets: (B+1,)``, ``target: (B, 4, D)`` ->
+        ``summary: (B, K, D)`` and the target-aware token ``(B, 1, D)`` (None when off)."""
+        layout = BlockLayout.build(offsets, self.config.block_size)
+        summary: torch.Tensor | None = None
+        for layer in self._sequence_layers():
+            if layer.local is not None:
+                tokens = layer.local(tokens, layout, summary)
+            if layer.summarize is not None:
+                summary = layer.summarize(tokens, layout)
+        assert summary is not None  # the last layer is always global
+        targeted = (None if self.target_attention is None
+                    else self.target_attention(tokens, offsets, self.target_query(target.flatten(1))))
+        return summary, targeted
+
+    def encode_sequence_reference(self, tokens: torch.Tensor, offsets: torch.Tensor, target: torch.Tensor
+                                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Padded reference of :meth:`encode_sequence` with explicit masks (tests only)."""
+        padded, mask = to_padded_dense(tokens, offsets)
+        summary: torch.Tensor | None = None
+        for layer in self._sequence_layers():
+            if layer.local is not None:
+                padded = layer.local.reference(padded, mask, summary, self.config.block_size)
+            if layer.summarize is not None:
+                summary = layer.summarize.reference(padded, mask)
+        assert summary is not None
+        targeted = (None if self.target_attention is None
+                    else self.target_attention.reference(padded, mask, self.target_query(target.flatten(1))))
+        return summary, targeted
+
+    # ---- full model -------------------------------------------------------------------
+    def forward(self, batch: GemBatch, *, reference: bool = False) -> GemOutput:
+        c = self.config
+        encode = self.encode_sequence_reference if reference else self.encode_sequence
+        target = self.embed.target(batch)  # (B, 4, D)
+        summary, targeted = encode(self.embed.sequence(batch), batch.offsets, target)  # (B, K, D)
+        context = self.embed.context(batch)  # (B, 4, D)
+        user = F.normalize(self.user_head(torch.cat([summary, context], 1).flatten(1)), dim=-1)
+        parts = [summary, self.user_token(user)[:, None], context, target]
+        dense = batch.counts
+        if targeted is not None:
+            parts.append(targeted)
+        if self.match_token is not None:
+            matched = match_features(batch)  # (B, F): hard search of the history for the target
+            parts.append(self.match_token(matched)[:, None])
+            dense = torch.cat([dense, matched], dim=1)
+        tokens = torch.cat(parts, dim=1)
+        pair = self.pair_head(self.moe(tokens))  # (B, R)
+        surface = torch.where(batch.request_surface < 0, c.num_surfaces, batch.request_surface)
+        gamma, beta = self.film(surface).chunk(2, dim=-1)
+        ad = F.normalize(self.ad_vector(target.flatten(1)), dim=-1)
+        logits = (self.task_mlp(pair * (1 + gamma) + beta) + self.surface_bias(surface) + self.wide(dense)
+                  + self.dot_scale * (user * ad).sum(-1, keepdim=True))
+        return GemOutput(logits[:, 0], logits[:, 1], user, pair, self.moe.aux_loss)
+
+    @torch.no_grad()
+    def init_output_bias(self, click_rate: float, conversion_rate: float) -> None:
+        """Start each head at its base rate (logit of the training labels' mean), so the
+        first steps are not spent moving a bias from 0.5 to a 2% click rate."""
+        rates = torch.tensor([click_rate, conversion_rate]).clamp(1e-5, 1 - 1e-5)
+        last = cast(nn.Linear, self.task_mlp[-1])
+        last.bias.copy_(torch.log(rates / (1 - rates)))
+
+    @torch.inference_mode()
+    def represent(self, batch: GemBatch) -> Representations:
+        """Inference entry: scores and representations of every row, as numpy (fp32).
+
+        Moves ``batch`` to the model's device; the model should be in eval mode
+        (:func:`pipelines.model.checkpoint.load_model` returns it so).
+        """
+        device = next(self.parameters()).device
+        out = self(batch.to(device))
+        lengths = batch.lengths
+
+        def np32(t: torch.Tensor) -> np.ndarray:
+            return np.array(t.detach().float().cpu().numpy(), dtype=np.float32, copy=True)
+
+        return Representations(
+            user_id=batch.user_id.cpu().numpy().copy(), ad_id=batch.target_item.cpu().numpy().copy(),
+            p_click=np32(torch.sigmoid(out.click_logit)), p_conversion=np32(torch.sigmoid(out.conversion_logit)),
+            user_embedding=np32(out.user_embedding), pair_embedding=np32(out.pair_embedding),
+            num_tokens=lengths.cpu().numpy().copy(),
+        )

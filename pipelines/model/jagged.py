@@ -1,0 +1,112 @@
+"""Jagged sequences: ``values (L, ...)`` with ``offsets (B+1,)``, and their block layout.
+
+User ``b`` owns ``values[offsets[b]:offsets[b+1]]``. Nothing here pads to the batch's
+longest sequence: attention works on fixed-size blocks that belong to exactly one
+user, so padding is at most ``block_size - 1`` slots per user.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def lengths_to_offsets(lengths: torch.Tensor) -> torch.Tensor:
+    """``lengths: (B,)`` -> ``offsets: (B+1,)`` (int64, starting at 0)."""
+    offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
+    torch.cumsum(lengths.to(torch.int64), dim=0, out=offsets[1:])
+    return offsets
+
+
+def segment_ids(offsets: torch.Tensor) -> torch.Tensor:
+    """``offsets: (B+1,)`` -> ``ids: (L,)``, the sequence each value belongs to."""
+    lengths = offsets[1:] - offsets[:-1]
+    return torch.repeat_interleave(torch.arange(lengths.numel(), device=offsets.device), lengths)
+
+
+def to_padded_dense(values: torch.Tensor, offsets: torch.Tensor, max_len: int | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``values: (L, *F)`` -> ``padded: (B, T, *F)`` and ``mask: (B, T)`` (True = real value).
+
+    ``T`` is ``max_len`` or the longest sequence. Used by the reference path and the
+    padded baseline only.
+    """
+    lengths = offsets[1:] - offsets[:-1]
+    batch = lengths.numel()
+    width = int(lengths.max().item()) if max_len is None and batch else int(max_len or 0)
+    positions = torch.arange(width, device=values.device)
+    mask = positions[None, :] < lengths[:, None]
+    padded = values.new_zeros((batch, width, *values.shape[1:]))
+    padded[mask] = values
+    return padded, mask
+
+
+def from_dense(padded: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of :func:`to_padded_dense`: ``(B, T, *F), (B, T)`` -> ``values (L, *F), offsets (B+1,)``."""
+    return padded[mask], lengths_to_offsets(mask.sum(dim=1))
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """Where each token of a jagged batch sits once cut into per-user blocks.
+
+    Blocks are aligned to the END of each sequence (the most recent event closes the
+    last block), so a user's first block holds the remainder and is left-padded.
+
+    Fields: ``slot: (L,)`` index of each token in the flat ``(NB * S)`` block buffer;
+    ``valid: (NB, S)`` which slots hold a token; ``block_user: (NB,)`` owner of each
+    block; ``has_previous: (NB,)`` whether the block before belongs to the same user;
+    ``num_users`` = B.
+    """
+
+    block_size: int
+    slot: torch.Tensor
+    valid: torch.Tensor
+    block_user: torch.Tensor
+    has_previous: torch.Tensor
+    num_users: int
+
+    @property
+    def num_blocks(self) -> int:
+        return int(self.block_user.numel())
+
+    @classmethod
+    def build(cls, offsets: torch.Tensor, block_size: int) -> BlockLayout:
+        """Cost O(L + NB); ``offsets: (B+1,)`` must be non-decreasing (not re-checked here)."""
+        device = offsets.device
+        lengths = offsets[1:] - offsets[:-1]
+        blocks_per_user = (lengths + block_size - 1) // block_size
+        block_start = lengths_to_offsets(blocks_per_user)
+        users = torch.arange(lengths.numel(), device=device)
+        block_user = torch.repeat_interleave(users, blocks_per_user)
+        first_block = block_start[:-1][block_user]
+        block_index = torch.arange(block_user.numel(), device=device)
+        has_previous = block_index > first_block
+        pad = blocks_per_user * block_size - lengths
+        token_user = torch.repeat_interleave(users, lengths)
+        local = torch.arange(int(offsets[-1].item()), device=device) - offsets[:-1][token_user]
+        slot = block_start[:-1][token_user] * block_size + pad[token_user] + local
+        valid = torch.zeros(block_user.numel() * block_size, dtype=torch.bool, device=device)
+        valid[slot] = True
+        return cls(block_size, slot, valid.view(-1, block_size), block_user, has_previous,
+                   int(lengths.numel()))
+
+    def scatter(self, values: torch.Tensor) -> torch.Tensor:
+        """``values: (L, *F)`` -> ``blocks: (NB, S, *F)``, zeros in empty slots."""
+        flat = values.new_zeros((self.num_blocks * self.block_size, *values.shape[1:]))
+        flat[self.slot] = values
+        return flat.view(self.num_blocks, self.block_size, *values.shape[1:])
+
+    def gather(self, blocks: torch.Tensor) -> torch.Tensor:
+        """``blocks: (NB, S, *F)`` -> ``values: (L, *F)`` (inverse of :meth:`scatter`)."""
+        return blocks.reshape(self.num_blocks * self.block_size, *blocks.shape[2:])[self.slot]
+
+    def previous(self, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block before each block, and its slot mask (all False across a user boundary).
+
+        ``blocks: (NB, S, *F)`` -> ``(NB, S, *F), (NB, S)``.
+        """
+        shifted = torch.roll(blocks, shifts=1, dims=0)
+        valid = torch.roll(self.valid, shifts=1, dims=0) & self.has_previous[:, None]
+        return shifted, valid

@@ -1,0 +1,230 @@
+"""Training: point-in-time examples, multi-task loss, time-based holdout, baseline, metrics.
+
+:func:`train_model` is the whole job behind ``python -m pipelines train``; the
+smaller functions (:func:`fit`, :func:`predict`, :func:`evaluate_flops`) are reused
+by the benchmark.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from pipelines.model.baseline import CountBaseline
+from pipelines.model.batch import ExampleSet, HistoryIndex
+from pipelines.model.checkpoint import resolve_device, save_checkpoint
+from pipelines.model.config import GemConfig
+from pipelines.model.data import load_features, sample_rows, split_by_time
+from pipelines.model.gem import GemModel
+from pipelines.model.metrics import task_metrics
+
+log = logging.getLogger(__name__)
+
+TASKS = ("clicked", "converted")
+METRICS_NAME = "metrics.json"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation and data budget of one training run."""
+
+    epochs: int = 2
+    batch_size: int = 256
+    learning_rate: float = 3e-3
+    weight_decay: float = 1e-5
+    max_examples: int | None = 40_000
+    max_holdout: int | None = 20_000
+    holdout_days: float = 1.0
+    conversion_weight: float = 1.0
+    aux_weight: float = 0.01
+    warmup_steps: int = 50
+    seed: int = 0
+    device: str = "auto"
+    progress: bool = True
+    compare_skip: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "warmup_steps"):
+            if getattr(self, name) < (0 if name == "warmup_steps" else 1):
+                raise ValueError(f"TrainConfig.{name} must be positive, got {getattr(self, name)}")
+        for name in ("max_examples", "max_holdout"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"TrainConfig.{name} must be >= 1 or None, got {value}")
+        if not (self.learning_rate > 0 and self.holdout_days > 0):
+            raise ValueError("TrainConfig.learning_rate and holdout_days must be positive")
+
+
+def seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def _batches(n: int, batch_size: int, rng: np.random.Generator | None) -> list[np.ndarray]:
+    order = rng.permutation(n) if rng is not None else np.arange(n)
+    return [order[i:i + batch_size] for i in range(0, n, batch_size)]
+
+
+def _loss(model: GemModel, batch: Any, tc: TrainConfig) -> torch.Tensor:
+    out = model(batch)
+    click = F.binary_cross_entropy_with_logits(out.click_logit, batch.clicked)
+    conversion = F.binary_cross_entropy_with_logits(out.conversion_logit, batch.converted)
+    return click + tc.conversion_weight * conversion + tc.aux_weight * out.aux_loss
+
+
+def fit(model: GemModel, examples: ExampleSet, tc: TrainConfig, device: torch.device,
+        desc: str = "train") -> list[float]:
+    """Train ``model`` in place; returns the mean loss of each epoch."""
+    rng = np.random.default_rng(tc.seed)
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
+    rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": tc.weight_decay},
+                                   {"params": rest, "weight_decay": 0.0}], lr=tc.learning_rate)
+    steps_per_epoch = math.ceil(len(examples) / tc.batch_size)
+    total = steps_per_epoch * tc.epochs
+
+    def schedule(step: int) -> float:  # linear warm-up, cosine decay to 10%
+        if step < tc.warmup_steps:
+            return (step + 1) / tc.warmup_steps
+        progress = (step - tc.warmup_steps) / max(1, total - tc.warmup_steps)
+        return 0.1 + 0.45 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    max_len = model.config.max_len
+    losses: list[float] = []
+    model.train()
+    with tqdm(total=total, desc=desc, unit="batch", disable=not tc.progress, dynamic_ncols=True) as bar:
+        for _ in range(tc.epochs):
+            epoch: list[float] = []
+            for rows in _batches(len(examples), tc.batch_size, rng):
+                batch = examples.batch(rows, max_len=max_len).to(device)
+                loss = _loss(model, batch, tc)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                scheduler.step()
+                epoch.append(float(loss.item()))
+                bar.update(1)
+                bar.set_postfix(loss=f"{np.mean(epoch[-50:]):.4f}")
+            losses.append(float(np.mean(epoch)))
+    model.eval()
+    return losses
+
+
+@torch.inference_mode()
+def predict(model: GemModel, examples: ExampleSet, device: torch.device, batch_size: int = 512
+            ) -> dict[str, np.ndarray]:
+    """Click and conversion probabilities ``(N,)`` of every example, in order."""
+    model.eval()
+    out: dict[str, list[np.ndarray]] = {task: [] for task in TASKS}
+    for rows in _batches(len(examples), batch_size, None):
+        result = model(examples.batch(rows, max_len=model.config.max_len).to(device))
+        out["clicked"].append(torch.sigmoid(result.click_logit).float().cpu().numpy())
+        out["converted"].append(torch.sigmoid(result.conversion_logit).float().cpu().numpy())
+    return {task: np.concatenate(parts) if parts else np.zeros(0) for task, parts in out.items()}
+
+
+def score(examples: ExampleSet, probs: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
+    names = {"clicked": "click", "converted": "conversion"}
+    return {names[t]: task_metrics(examples.fields[t], probs[t]) for t in TASKS}
+
+
+def evaluate_flops(model_config: GemConfig, examples: ExampleSet, rows: int = 256) -> dict[str, float]:
+    """Forward FLOPs per example with component skip on and off (same inputs, counted by
+    ``torch.utils.flop_counter``), and the fraction skipping saves."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    batch = examples.batch(np.arange(min(rows, len(examples))), max_len=model_config.max_len)
+    counts = {}
+    for skip in (True, False):
+        model = GemModel(model_config.replace(component_skip=skip)).eval()
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            model(batch)
+        counts[skip] = counter.get_total_flops() / max(batch.num_rows, 1)
+    return {"flops_per_example_skip_on": counts[True], "flops_per_example_skip_off": counts[False],
+            "flops_saved_fraction": 1.0 - counts[True] / counts[False]}
+
+
+def _skip_quality(model_config: GemConfig, scores: dict[str, dict[str, float]], train: ExampleSet,
+                  holdout: ExampleSet, tc: TrainConfig, device: torch.device) -> dict[str, Any]:
+    """Train the other setting of ``component_skip`` on the same data and seed; report the
+    holdout AUC of both and what skipping loses (positive = skipping is worse)."""
+    other_config = model_config.replace(component_skip=not model_config.component_skip)
+    seed_everything(tc.seed)
+    other = GemModel(other_config)
+    other.init_output_bias(float(train.fields["clicked"].mean()), float(train.fields["converted"].mean()))
+    other = other.to(device)
+    fit(other, train, tc, device, desc="train (skip " + ("on" if other_config.component_skip else "off") + ")")
+    other_scores = score(holdout, predict(other, holdout, device))
+    on, off = (scores, other_scores) if model_config.component_skip else (other_scores, scores)
+    return {"auc_skip_on": {t: on[t]["auc"] for t in on}, "auc_skip_off": {t: off[t]["auc"] for t in off},
+            "auc_lost": {t: off[t]["auc"] - on[t]["auc"] for t in on}}
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def train_model(data_dir: str | Path, output_dir: str | Path, model_config: GemConfig,
+                tc: TrainConfig) -> dict[str, Any]:
+    """Train on a features folder, evaluate model and baseline on the last-day holdout,
+    save ``model.pt`` and ``metrics.json`` in ``output_dir``; returns the metrics."""
+    started = time.monotonic()
+    device = resolve_device(tc.device)
+    histories, examples = load_features(data_dir)
+    split = split_by_time(examples, tc.holdout_days)
+    index = HistoryIndex(histories)
+    train = ExampleSet(index, sample_rows(split.train, tc.max_examples, tc.seed))
+    holdout = ExampleSet(index, sample_rows(split.holdout, tc.max_holdout, tc.seed + 1))
+    log.info("training on %d of %d examples, holding out %d of %d (cutoff %d) on %s", len(train),
+             split.train.num_rows, len(holdout), split.holdout.num_rows, split.cutoff_ms, device)
+    seed_everything(tc.seed)
+    model = GemModel(model_config)
+    model.init_output_bias(float(train.fields["clicked"].mean()), float(train.fields["converted"].mean()))
+    model = model.to(device)
+    losses = fit(model, train, tc, device)
+    model_scores = score(holdout, predict(model, holdout, device))
+    baseline = CountBaseline(train)
+    baseline_scores = score(holdout, baseline.predict(holdout))
+    popularity = {t: baseline.features.popularity(holdout, t, train=False) for t in TASKS}
+    out = Path(output_dir)
+    checkpoint = save_checkpoint(model.cpu(), out)
+    metrics = {
+        "model_version": model.model_version,
+        "model": model_scores,
+        "baseline": {"name": "logistic regression on count features + popularity", **baseline_scores},
+        "popularity": score(holdout, popularity),
+        "model_beats_baseline": {task: model_scores[task]["auc"] > baseline_scores[task]["auc"]
+                                 for task in model_scores},
+        "component_skip": {"enabled": model_config.component_skip, **evaluate_flops(model_config, holdout),
+                           **(_skip_quality(model_config, model_scores, train, holdout, tc, device)
+                              if tc.compare_skip else {})},
+        "data": {"features": str(data_dir), "train_examples": len(train), "train_available": split.train.num_rows,
+                 "holdout_examples": len(holdout), "holdout_available": split.holdout.num_rows,
+                 "holdout_cutoff_ms": split.cutoff_ms, "history_events": index.num_events,
+                 "mean_train_prefix_tokens": float(train.prefix_lengths(model_config.max_len).mean())},
+        "training": {"epoch_losses": losses, "seconds": time.monotonic() - started, "device": str(device),
+                     **asdict(tc)},
+        "config": model_config.to_dict(),
+        "checkpoint": str(checkpoint),
+    }
+    (out / METRICS_NAME).write_text(json.dumps(_json_safe(metrics), indent=2) + "\n")
+    return metrics

@@ -1,0 +1,101 @@
+"""Model shapes, isolation between users, config validation, determinism, component skip."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pipelines.model.config import GemConfig
+from pipelines.model.embed import hash_ids
+from pipelines.model.gem import GemModel
+from tests.model.factories import random_batch, tiny_config
+
+
+def test_output_shapes_and_normalised_user_embedding() -> None:
+    model = GemModel(tiny_config()).eval()
+    out = model(random_batch([3, 0, 9, 17]))
+    assert out.click_logit.shape == out.conversion_logit.shape == (4,)
+    assert out.user_embedding.shape == out.pair_embedding.shape == (4, 8)
+    torch.testing.assert_close(out.user_embedding.norm(dim=1), torch.ones(4))
+    assert out.aux_loss.ndim == 0 and torch.isfinite(out.aux_loss)
+
+
+def test_default_config_has_64_dim_representations_and_64_token_blocks() -> None:
+    config = GemConfig()
+    assert config.representation_dim == 64 and config.block_size == 64
+
+
+def test_represent_returns_numpy_arrays_that_own_their_memory() -> None:
+    model = GemModel(tiny_config()).eval()
+    batch = random_batch([2, 5])
+    reps = model.represent(batch)
+    assert reps.p_click.dtype == np.float32 and reps.p_click.shape == (2,)
+    assert reps.user_embedding.shape == (2, 8) and reps.user_embedding.flags.owndata
+    assert np.all((reps.p_click > 0) & (reps.p_click < 1))
+    assert reps.user_id.tolist() == batch.user_id.tolist() and reps.num_tokens.tolist() == [2, 5]
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_perturbing_one_users_history_leaves_every_other_user_unchanged(skip: bool) -> None:
+    torch.manual_seed(1)
+    model = GemModel(tiny_config(component_skip=skip, num_layers=3)).eval()
+    lengths = [9, 17, 8, 1, 30]
+    batch = random_batch(lengths, seed=4)
+    changed = random_batch(lengths, seed=4)
+    lo, hi = int(batch.offsets[1]), int(batch.offsets[2])  # user 1's tokens
+    changed.item_id[lo:hi] += 17
+    changed.event_type[lo:hi] = (changed.event_type[lo:hi] + 3) % 12
+    with torch.no_grad():
+        a, b = model(batch), model(changed)
+    others = torch.tensor([0, 2, 3, 4])
+    for name in ("click_logit", "user_embedding", "pair_embedding"):
+        torch.testing.assert_close(getattr(a, name)[others], getattr(b, name)[others], atol=1e-6, rtol=0)
+    assert not torch.allclose(a.user_embedding[1], b.user_embedding[1])
+
+
+def test_same_seed_same_model_and_outputs() -> None:
+    outs = []
+    for _ in range(2):
+        torch.manual_seed(7)
+        model = GemModel(tiny_config()).eval()
+        with torch.no_grad():
+            outs.append(model(random_batch([4, 12], seed=2)).click_logit)
+    assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("changes", [
+    {"d_model": 10, "num_heads": 4}, {"block_size": 0}, {"experts": ("fm", "mlp")}, {"top_k": 5},
+    {"hash_sizes": {"item": 10}}, {"dropout": 1.0}, {"max_len": -1}, {"num_layers": True},
+])
+def test_bad_config_is_rejected_at_construction(changes: dict) -> None:
+    with pytest.raises(ValueError, match="GemConfig"):
+        tiny_config(**changes)
+
+
+def test_layer_plan_alternates_local_and_global_and_ends_global() -> None:
+    assert GemConfig(num_layers=4).layer_plan() == [(True, False), (False, True), (True, False), (False, True)]
+    assert GemConfig(num_layers=3).layer_plan() == [(True, False), (False, True), (False, True)]
+    assert GemConfig(num_layers=2, component_skip=False).layer_plan() == [(True, True), (True, True)]
+    assert all(not local for local, _ in GemConfig(bypass_block_attention=True).layer_plan())
+
+
+def test_component_skip_saves_flops() -> None:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    batch = random_batch([40, 64, 7, 100])
+    flops = {}
+    for skip in (True, False):
+        model = GemModel(tiny_config(component_skip=skip, num_layers=4)).eval()
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            model(batch)
+        flops[skip] = counter.get_total_flops()
+    assert flops[True] < 0.7 * flops[False]
+
+
+def test_hashed_ids_stay_in_range_and_null_has_its_own_bucket() -> None:
+    ids = torch.tensor([-1, 0, 1, 2**40, 2**62, -5])
+    buckets = hash_ids(ids, 0x51ED27, 100)
+    assert buckets[0] == 0 and buckets[-1] == 0
+    assert torch.all((buckets[1:5] >= 1) & (buckets[1:5] < 100))
+    assert len(set(hash_ids(torch.arange(1000), 3, 1 << 20).tolist())) > 990

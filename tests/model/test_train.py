@@ -1,0 +1,82 @@
+"""Training on a tiny planted-signal world: metrics file, learning, determinism, the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipelines.cli import main
+from pipelines.model.checkpoint import load_model
+from pipelines.model.toyworld import ToyWorld, make_world, write_features_dir
+from pipelines.model.train import TrainConfig, train_model
+from tests.model.factories import tiny_config
+
+
+@pytest.fixture(scope="module")
+def features_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    histories, examples = make_world(ToyWorld(users=120, mean_impressions=20, seed=3))
+    return write_features_dir(tmp_path_factory.mktemp("features"), histories, examples)
+
+
+def _train(features: Path, out: Path, seed: int = 0) -> dict:
+    config = tiny_config(d_model=32, num_heads=4, block_size=16, representation_dim=16)
+    tc = TrainConfig(epochs=4, batch_size=32, learning_rate=3e-3, warmup_steps=10, seed=seed, progress=False)
+    return train_model(features, out, config, tc)
+
+
+def test_training_writes_metrics_learns_and_is_deterministic(features_dir: Path, tmp_path: Path) -> None:
+    first = _train(features_dir, tmp_path / "a")
+    on_disk = json.loads((tmp_path / "a" / "metrics.json").read_text())
+    assert on_disk["model_version"] == first["model_version"]
+    for part in ("model", "baseline", "popularity"):
+        for task in ("click", "conversion"):
+            assert set(on_disk[part][task]) >= {"auc", "ne"}
+    losses = first["training"]["epoch_losses"]
+    assert losses[-1] < losses[0] * 0.95  # the loss goes down
+    assert first["model"]["click"]["auc"] > 0.55  # and it learned something that holds out
+    assert 0.3 < first["component_skip"]["flops_saved_fraction"] < 0.9
+    assert first["data"]["holdout_examples"] > 0 and first["data"]["train_examples"] > 0
+    again = _train(features_dir, tmp_path / "b")
+    assert again["model_version"] == first["model_version"]  # same seed, same weights
+    assert again["model"] == first["model"]
+    assert load_model(tmp_path / "a", device="cpu").model_version == first["model_version"]
+
+
+def test_cli_trains_end_to_end(features_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "model"
+    code = main(["train", "--data", str(features_dir), "--output", str(out), "--epochs", "1",
+                 "--max-examples", "400", "--max-holdout", "300", "--layers", "2", "--d-model", "32",
+                 "--device", "auto", "--seed", "1", "--no-progress"])
+    assert code == 0
+    assert (out / "model.pt").exists() and (out / "metrics.json").exists()
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["data"]["train_examples"] == 400 and metrics["training"]["seed"] == 1
+    assert "saved" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--epochs", "0"], "--epochs"),
+    (["--device", "tpu"], "--device"),
+    (["--max-len", "-3"], "--max-len"),
+    (["--d-model", "30"], "--d-model"),
+    (["--max-examples", "-1"], "--max-examples"),
+])
+def test_bad_flags_fail_before_any_work(features_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                        flags: list[str], message: str) -> None:
+    code = main(["train", "--data", str(features_dir), "--output", str(tmp_path / "m"), *flags])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Fix:" in err
+    assert not (tmp_path / "m" / "model.pt").exists()
+
+
+def test_missing_data_and_existing_model_are_clear_errors(features_dir: Path, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--data", str(tmp_path / "nowhere"), "--output", str(tmp_path / "m")]) == 2
+    assert "--data" in capsys.readouterr().err
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "model.pt").write_bytes(b"x")
+    assert main(["train", "--data", str(features_dir), "--output", str(tmp_path / "m")]) == 2
+    assert "--overwrite" in capsys.readouterr().err
