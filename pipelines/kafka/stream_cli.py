@@ -66,7 +66,10 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger(__name__).info("stream: %s from %s", args.topic,
                                      ", ".join(f"{s.partition}@{s.start}" for s in starts))
     options = PipelineOptions([*args.beam_args, "--runner=PrismRunner", f"--prism_location={prism}",
-                               "--environment_type=LOOPBACK", "--streaming"],
+                               "--environment_type=LOOPBACK", "--streaming",
+                               # The SDK state cache served stale bag contents across bundles on Prism in
+                               # lab runs (buffered events lost); every state read goes to the runner.
+                               "--max_cache_memory_usage_mb=0"],
                               save_main_session=False, pickle_library="cloudpickle")
     with beam.Pipeline(options=options) as p:
         build_stream(p, connection, config, starts)

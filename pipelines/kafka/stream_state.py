@@ -15,9 +15,13 @@ read again, and the merge drops those already in a history (same event_id).
 
 from __future__ import annotations
 
+import fcntl
 import os
+import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,7 +34,20 @@ from pipelines.features.histories import build_histories
 from pipelines.io.parquet import conform, read_table
 from schemas.layouts import EVENT, HISTORY
 
-__all__ = ["OffsetLedger", "ShardMerge", "flush_path", "latest_histories", "merge_shard", "write_flush"]
+__all__ = [
+    "OffsetLedger",
+    "ShardMerge",
+    "flush_path",
+    "latest_histories",
+    "merge_shard",
+    "path_lock",
+    "shard_lock",
+    "write_flush",
+]
+
+#: Every this many flush files of a shard, the next flush writes the whole shard (a ``full-`` file),
+#: so reading a shard's state stays bounded.
+COMPACT_EVERY = 32
 
 #: Columns the stream adds to EVENT tables so that flushed events can be acknowledged.
 PARTITION, OFFSET = "_partition", "_offset"
@@ -88,10 +105,62 @@ def merge_shard(events: pa.Table, state: pa.Table | None, *, max_history: int) -
     return ShardMerge(changed, conform(merged.take(order), HISTORY), build.duplicates + build.duplicates_previous)
 
 
-def flush_path(output: str, shard: int, clock_ns: int | None = None) -> str:
-    """``<output>/histories/shard=NNNNN/flush-<ns>-<rand>.parquet``: names sort by flush time."""
+def flush_path(output: str, shard: int, clock_ns: int | None = None, *, full: bool = False) -> str:
+    """``<output>/histories/shard=NNNNN/{flush|full}-<ns>-<rand>.parquet``: names sort by time after the kind."""
     stamp = clock_ns if clock_ns is not None else time.time_ns()
-    return f"{output.rstrip('/')}/histories/shard={shard:05d}/flush-{stamp:020d}-{uuid.uuid4().hex[:8]}.parquet"
+    kind = "full" if full else "flush"
+    return f"{output.rstrip('/')}/histories/shard={shard:05d}/{kind}-{stamp:020d}-{uuid.uuid4().hex[:8]}.parquet"
+
+
+def _stamp(path: Path) -> str:
+    return path.name.split("-", 1)[1]  # "<ns>-<rand>.parquet": time order across both kinds
+
+
+def _shard_files(output: str, shard: int | None) -> list[Path]:
+    """The files that make up the current state: the newest ``full-`` file and every flush after it."""
+    where = f"shard={shard:05d}" if shard is not None else "shard=*"
+    files = [p for p in Path(output, "histories").glob(f"{where}/*.parquet") if p.name.startswith(("flush-", "full-"))]
+    by_shard: dict[str, list[Path]] = {}
+    for f in sorted(files, key=_stamp):
+        by_shard.setdefault(f.parent.name, []).append(f)
+    chosen: list[Path] = []
+    for group in by_shard.values():
+        fulls = [i for i, f in enumerate(group) if f.name.startswith("full-")]
+        chosen += group[fulls[-1]:] if fulls else group
+    return sorted(chosen, key=_stamp)
+
+
+_LOCKS: dict[str, threading.Lock] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+@contextmanager
+def path_lock(path: Path) -> Iterator[None]:
+    """Exclusive use of ``path``: across threads (a lock) and processes (``flock`` on ``.<name>.lock``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = str(path.resolve())
+    with _LOCKS_GUARD:
+        lock = _LOCKS.setdefault(key, threading.Lock())
+    with lock, open(path.with_name(f".{path.name}.lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def shard_lock(output: str, shard: int) -> AbstractContextManager[None]:
+    """Serialise flushes of one shard (see :func:`path_lock`).
+
+    Prism was seen running two bundles of the same key at once; with the shard's
+    files as the truth and this lock, each flush sees every earlier one.
+    """
+    return path_lock(Path(output, "histories", f"shard={shard:05d}"))
+
+
+def needs_compaction(output: str, shard: int) -> bool:
+    """True when the shard's state spans ``COMPACT_EVERY`` files or more."""
+    return len(_shard_files(output, shard)) >= COMPACT_EVERY
 
 
 def write_flush(table: pa.Table, path: str) -> str:
@@ -109,8 +178,7 @@ def write_flush(table: pa.Table, path: str) -> str:
 
 def latest_histories(output: str, shard: int | None = None) -> pa.Table:
     """The newest row of each user over the flush files (of one shard, or all of them)."""
-    pattern = f"shard={shard:05d}/flush-*.parquet" if shard is not None else "shard=*/flush-*.parquet"
-    files = sorted(Path(output, "histories").glob(pattern), key=lambda p: p.name)
+    files = _shard_files(output, shard)
     if not files:
         return HISTORY.schema.empty_table()
     tables = [read_table(str(f), HISTORY) for f in files]

@@ -24,6 +24,7 @@ event_id): no event lost, none counted twice.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -40,7 +41,8 @@ from apache_beam.pvalue import TaggedOutput
 from apache_beam.transforms.core import RestrictionProvider
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
-from apache_beam.utils.timestamp import Duration, Timestamp
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.timestamp import Duration
 
 from pipelines.errors import ConfigError
 from pipelines.features.sharding import split_by_shard
@@ -48,12 +50,25 @@ from pipelines.io.arrow_coder import ArrowTableCoder
 from pipelines.kafka.config import KafkaConnection
 from pipelines.kafka.consume import PartitionPoller
 from pipelines.kafka.decode import decode_indexed
-from pipelines.kafka.stream_state import OFFSET, PARTITION, OffsetLedger, flush_path, merge_shard, write_flush
+from pipelines.kafka.stream_state import (
+    OFFSET,
+    PARTITION,
+    OffsetLedger,
+    flush_path,
+    merge_shard,
+    path_lock,
+    write_flush,
+)
+from schemas.layouts import EVENT
 
-__all__ = ["PartitionStart", "StreamConfig", "build_stream"]
+__all__ = ["PartitionStart", "StreamConfig", "build_stream", "start_offsets"]
+
+log = logging.getLogger(__name__)
 
 ACKS, DEAD = "acks", "dead_letters"
+_DEAD_BLOCK = 100_000
 _END = 2**62
+_EMPTY_EVENTS = pa.schema([*EVENT.schema, pa.field(PARTITION, pa.int32()), pa.field(OFFSET, pa.int64())]).empty_table()
 
 
 @dataclass(frozen=True)
@@ -67,6 +82,7 @@ class StreamConfig:
     max_history: int = 4096
     flush_interval_s: float = 1.0
     idle_exit_s: float | None = None
+    redeliver_after_s: float = 15.0
     histories_topic: str | None = None
     dead_letter_topic: str | None = None
 
@@ -113,52 +129,101 @@ class _Restrictions(RestrictionProvider):
 
 # Beam takes state, timers and restrictions as parameter defaults; module-level singletons keep that readable.
 _BUFFER = BagStateSpec("buffer", ArrowTableCoder())
-_HISTORIES = ReadModifyWriteStateSpec("histories", ArrowTableCoder())
-_LOADED = ReadModifyWriteStateSpec("loaded", VarIntCoder())
-_ARMED = ReadModifyWriteStateSpec("armed", VarIntCoder())
-_FLUSH = TimerSpec("flush", TimeDomain.REAL_TIME)
+_ARMED = ReadModifyWriteStateSpec("armed", VarIntCoder())  # wall ms of the oldest buffered element
+_END_OF_INPUT = TimerSpec("end_of_input", TimeDomain.WATERMARK)
 _LEDGER = ReadModifyWriteStateSpec("ledger", PickleCoder())
-BUFFER, HISTORIES = beam.DoFn.StateParam(_BUFFER), beam.DoFn.StateParam(_HISTORIES)
-LOADED, ARMED = beam.DoFn.StateParam(_LOADED), beam.DoFn.StateParam(_ARMED)
-FLUSH, LEDGER = beam.DoFn.TimerParam(_FLUSH), beam.DoFn.StateParam(_LEDGER)
+_COMMIT_AT_END = TimerSpec("commit_at_end", TimeDomain.WATERMARK)
+BUFFER, ARMED = beam.DoFn.StateParam(_BUFFER), beam.DoFn.StateParam(_ARMED)
+END_OF_INPUT, LEDGER = beam.DoFn.TimerParam(_END_OF_INPUT), beam.DoFn.StateParam(_LEDGER)
+COMMIT_AT_END = beam.DoFn.TimerParam(_COMMIT_AT_END)
 KEY, RESTRICTION = beam.DoFn.KeyParam, beam.DoFn.RestrictionParam(_Restrictions())
 
 
 class _ReadPartitionFn(beam.DoFn):
-    """One partition, unbounded: polls for about a second per call, then checkpoints."""
+    """One partition, unbounded: each call emits one polled batch (or waits up to 0.5 s), then checkpoints."""
 
     def __init__(self, connection: KafkaConnection, config: StreamConfig) -> None:
         self._connection, self._config = connection, config
 
     def setup(self) -> None:
+        from kafka import KafkaConsumer
+
+        from pipelines.kafka.consume import KafkaPythonFetcher
+
         self._poller = PartitionPoller(self._connection)
+        self._group = KafkaConsumer(**self._connection.kafka_python(), group_id=self._config.group,
+                                    enable_auto_commit=False)
+        self._refetch = KafkaPythonFetcher(self._connection, stall_s=30)
         self._idle_since: dict[int, float] = {}
+        self._last_tick: dict[int, float] = {}
+        self._commits: dict[int, tuple[int, float, float]] = {}  # partition -> (committed, since, checked)
 
     @beam.DoFn.unbounded_per_element()
     def process(self, element: PartitionStart, tracker: Any = RESTRICTION) -> Iterator[Any]:
         position = tracker.current_restriction().start
-        deadline = time.monotonic() + 1.0
+        # A bundle's output moves on only when the bundle ends: so end it as soon as one
+        # batch is out (or after a short idle wait), and resume from a checkpoint.
+        deadline = time.monotonic() + 0.5
         while time.monotonic() < deadline:
-            batch, after = self._poller.poll(element.topic, element.partition, position)
+            batch, after = self._poller.poll(element.topic, element.partition, position, timeout_s=0.1)
             if after > position and not tracker.try_claim(after - 1):
                 return
+            yield from self._redeliver(element, position)
             if batch is None:
                 if after > position:  # offsets without a record (transaction markers, compaction)
                     yield TaggedOutput(ACKS, (element.partition, np.arange(position, after, dtype=np.int64)))
                     position = after
-                if self._idle(element.partition):
+                if self._idle(element.partition, position):
                     tracker.try_claim(_END)  # done: the restriction is finished
                     return
+                yield from self._ticks(element.partition)
                 continue
             self._idle_since.pop(element.partition, None)
             yield from self._emit(element, batch, position, after)
-            position = after
-        tracker.defer_remainder(Duration.of(0.05))
+            break
+        tracker.defer_remainder(Duration.of(0.0))
 
-    def _idle(self, partition: int) -> bool:
+    def _ticks(self, partition: int) -> Iterator[Any]:
+        """On a quiet topic, now and then an empty table to every shard and an empty
+        acknowledgement, so that buffered events are flushed and offsets committed."""
+        now = time.monotonic()
+        if now - self._last_tick.get(partition, 0.0) >= self._config.flush_interval_s:
+            self._last_tick[partition] = now
+            yield from ((shard, _EMPTY_EVENTS) for shard in range(self._config.num_shards))
+            yield TaggedOutput(ACKS, (partition, np.zeros(0, np.int64)))
+
+    def _idle(self, partition: int, position: int) -> bool:
+        """No message for ``idle_exit_s`` and everything read is committed (so nothing is left behind)."""
         limit = self._config.idle_exit_s
         since = self._idle_since.setdefault(partition, time.monotonic())
-        return limit is not None and time.monotonic() - since > limit
+        committed = self._commits.get(partition, (-1, 0.0, 0.0))[0]
+        return limit is not None and time.monotonic() - since > limit and committed >= position
+
+    def _redeliver(self, element: PartitionStart, position: int) -> Iterator[Any]:
+        """Read again what stayed unacknowledged for ``redeliver_after_s`` (at-least-once; the merge
+        drops what a history already holds). Covers events a runner loses between stages: Prism was
+        seen to drop buffered state under load."""
+        from kafka import TopicPartition
+
+        from pipelines.kafka.ranges import PartitionRange
+
+        p, now = element.partition, time.monotonic()
+        seen, since, checked = self._commits.get(p, (-1, now, 0.0))
+        if now - checked < 1.0:
+            return
+        found = self._group.committed(TopicPartition(element.topic, p))
+        committed = element.start if found is None else int(found)
+        if committed != seen or committed >= position:
+            self._commits[p] = (committed, now, now)
+            return
+        self._commits[p] = (committed, since, now)
+        if now - since < self._config.redeliver_after_s:
+            return
+        log.warning("%s/%s: offsets [%d, %d) unacknowledged for %.0f s: reading them again",
+                    element.topic, p, committed, position, now - since)
+        for batch in self._refetch.fetch(PartitionRange(element.topic, p, committed, position)):
+            yield from self._emit(element, batch, int(batch.offsets[0]), int(batch.offsets[-1]) + 1)
+        self._commits[p] = (committed, now, now)
 
     def _emit(self, element: PartitionStart, batch: Any, position: int, after: int) -> Iterator[Any]:
         decoded = decode_indexed(batch.payloads, batch.sources)
@@ -175,6 +240,8 @@ class _ReadPartitionFn(beam.DoFn):
 
     def teardown(self) -> None:
         self._poller.close()
+        self._group.close()
+        self._refetch.close()
 
 
 def _open_sink(connection: KafkaConnection, topic: str | None) -> Any:
@@ -186,7 +253,15 @@ def _open_sink(connection: KafkaConnection, topic: str | None) -> Any:
 
 
 class _AppendHistoriesFn(beam.DoFn):
-    """Keyed by shard: buffer events, flush on a processing-time timer, then acknowledge offsets."""
+    """Keyed by shard: buffer events; flush them into the histories, then acknowledge their offsets.
+
+    A flush happens when an element (data, or the reader's periodic empty tick)
+    arrives and the oldest buffered one has waited ``flush_interval_s``, and once
+    more when the input ends (an event-time timer at the end of the global
+    window). Processing-time timers are not used: on Prism they fire late while a
+    stage keeps receiving bundles, and a timer bundle that overlapped a data
+    bundle of the same key lost that bundle's buffered events in lab runs.
+    """
 
     def __init__(self, connection: KafkaConnection, config: StreamConfig) -> None:
         self._connection, self._config = connection, config
@@ -195,31 +270,39 @@ class _AppendHistoriesFn(beam.DoFn):
         self._sink = _open_sink(self._connection, self._config.histories_topic)
 
     def process(self, element: tuple[int, pa.Table], buffer: Any = BUFFER, armed: Any = ARMED,
-                flush: Any = FLUSH) -> None:
-        buffer.add(element[1])
-        if not armed.read():
-            flush.set(Timestamp.now() + Duration.of(self._config.flush_interval_s))
-            armed.write(1)
+                end: Any = END_OF_INPUT) -> Iterator[tuple[int, np.ndarray]]:
+        if element[1].num_rows:
+            buffer.add(element[1])
+        now_ms = int(time.time() * 1000)
+        since = armed.read()
+        if not since:
+            if element[1].num_rows:
+                armed.write(now_ms)
+                end.set(GlobalWindow().max_timestamp())
+        elif now_ms - since >= self._config.flush_interval_s * 1000:
+            yield from self._flush(element[0], buffer, armed)
 
-    @on_timer(_FLUSH)
-    def on_flush(self, shard: Any = KEY, buffer: Any = BUFFER, histories: Any = HISTORIES, loaded: Any = LOADED,
-                 armed: Any = ARMED) -> Iterator[tuple[int, np.ndarray]]:
+    @on_timer(_END_OF_INPUT)
+    def on_end(self, shard: Any = KEY, buffer: Any = BUFFER, armed: Any = ARMED) -> Iterator[tuple[int, np.ndarray]]:
+        yield from self._flush(shard, buffer, armed)
+
+    def _flush(self, shard: int, buffer: Any, armed: Any) -> Iterator[tuple[int, np.ndarray]]:
         from pipelines.kafka.encode import histories_to_json
-        from pipelines.kafka.stream_state import latest_histories
+        from pipelines.kafka.stream_state import latest_histories, needs_compaction, shard_lock
 
         tables = [t for t in buffer.read() if t.num_rows]
         armed.clear()
         if not tables:
             return
         events = pa.concat_tables(tables)
-        state = histories.read() if loaded.read() else latest_histories(self._config.output, shard)
-        merged = merge_shard(events, state, max_history=self._config.max_history)
-        write_flush(merged.changed, flush_path(self._config.output, shard))
+        output = self._config.output
+        with shard_lock(output, shard):  # the shard's files are the state (see shard_lock)
+            merged = merge_shard(events, latest_histories(output, shard), max_history=self._config.max_history)
+            full = needs_compaction(output, shard)
+            write_flush(merged.state if full else merged.changed, flush_path(output, shard, full=full))
         if self._sink is not None:
             self._sink.send_many(histories_to_json(merged.changed))
             self._sink.flush()
-        histories.write(merged.state)
-        loaded.write(1)
         buffer.clear()
         partitions = events.column(PARTITION).to_numpy()
         offsets = events.column(OFFSET).to_numpy()
@@ -247,11 +330,21 @@ class _WriteDeadLettersFn(beam.DoFn):
         from schemas.layouts import DEAD_LETTER
 
         partition, offsets, dead = element
-        path = Path(self._config.output, "dead_letters", f"part-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        pq.write_table(conform(dead, DEAD_LETTER), tmp)
-        tmp.replace(path)
+        # One file per partition and block of offsets, merged on write: a dead letter read
+        # again (redelivery, restart) replaces itself instead of appearing twice.
+        blocks = offsets // _DEAD_BLOCK
+        for block in np.unique(blocks):
+            path = Path(self._config.output, "dead_letters", f"p{partition:05d}-b{block:012d}.parquet")
+            with path_lock(path):
+                part = dead.filter(pa.array(blocks == block))
+                if path.exists():
+                    part = pa.concat_tables([pq.read_table(path).cast(DEAD_LETTER.schema), conform(part, DEAD_LETTER)])
+                    sources = part.column("source").to_numpy(zero_copy_only=False)
+                    _, first = np.unique(sources, return_index=True)
+                    part = part.take(pa.array(np.sort(first)))
+                tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+                pq.write_table(conform(part, DEAD_LETTER), tmp)
+                tmp.replace(path)
         if self._sink is not None:
             from pipelines.kafka.encode import dead_letters_to_json
 
@@ -265,7 +358,14 @@ class _WriteDeadLettersFn(beam.DoFn):
 
 
 class _CommitOffsetsFn(beam.DoFn):
-    """Keyed by partition: commits the first offset not yet durable to the consumer group."""
+    """Keyed by partition: commits the first offset not yet durable to the consumer group.
+
+    A commit is a broker round trip (~10 ms here): advances are committed at most
+    every ``COMMIT_INTERVAL_S`` (the reader's empty acknowledgements keep this
+    going on a quiet topic), and once more when the input ends.
+    """
+
+    COMMIT_INTERVAL_S = 0.5
 
     def __init__(self, connection: KafkaConnection, config: StreamConfig, starts: dict[int, int]) -> None:
         self._connection, self._config, self._starts = connection, config, dict(starts)
@@ -276,19 +376,43 @@ class _CommitOffsetsFn(beam.DoFn):
         self._consumer = KafkaConsumer(**self._connection.kafka_python(), group_id=self._config.group,
                                        enable_auto_commit=False)
 
-    def process(self, element: tuple[int, np.ndarray], ledger: Any = LEDGER) -> None:
+    def process(self, element: tuple[int, np.ndarray], ledger: Any = LEDGER, end: Any = COMMIT_AT_END) -> None:
+        partition, offsets = element
+        book = ledger.read()
+        if book is None:
+            book = _Commits(OffsetLedger(self._starts[partition]))
+            end.set(GlobalWindow().max_timestamp())
+        book.ledger.add(offsets)
+        if time.monotonic() - book.at >= self.COMMIT_INTERVAL_S:
+            self._commit(partition, book)
+        ledger.write(book)
+
+    @on_timer(_COMMIT_AT_END)
+    def on_end(self, partition: Any = KEY, ledger: Any = LEDGER) -> None:
+        book = ledger.read()
+        if book is not None:
+            self._commit(partition, book)
+            ledger.write(book)
+
+    def _commit(self, partition: int, book: _Commits) -> None:
         from kafka import TopicPartition
         from kafka.structs import OffsetAndMetadata
 
-        partition, offsets = element
-        book = ledger.read() or OffsetLedger(self._starts[partition])
-        if book.add(offsets):
+        book.at = time.monotonic()
+        if book.ledger.next > book.committed:
             tp = TopicPartition(self._config.topic, partition)
-            self._consumer.commit({tp: OffsetAndMetadata(book.next, "", -1)})
-        ledger.write(book)
+            self._consumer.commit({tp: OffsetAndMetadata(book.ledger.next, "", -1)})
+            book.committed = book.ledger.next
 
     def teardown(self) -> None:
         self._consumer.close()
+
+
+@dataclass
+class _Commits:
+    ledger: OffsetLedger
+    committed: int = -1
+    at: float = 0.0
 
 
 def build_stream(p: beam.Pipeline, connection: KafkaConnection, config: StreamConfig,

@@ -65,3 +65,40 @@ def test_latest_histories_keep_the_newest_row_per_user(tmp_path: Path) -> None:
     assert latest_histories(str(tmp_path)).equals(second.state)
     assert latest_histories(str(tmp_path), 4).num_rows == 0
     assert not list(tmp_path.rglob(".*.tmp"))
+
+
+def test_a_full_file_starts_the_state_and_older_files_are_ignored(tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    first = merge_shard(_events(rng, 20, "a"), None, max_history=50)
+    write_flush(first.changed, flush_path(str(tmp_path), 0, clock_ns=1))
+    second = merge_shard(_events(rng, 20, "b"), first.state, max_history=50)
+    write_flush(second.state, flush_path(str(tmp_path), 0, clock_ns=2, full=True))
+    third = merge_shard(_events(rng, 3, "c"), second.state, max_history=50)
+    write_flush(third.changed, flush_path(str(tmp_path), 0, clock_ns=3))
+    # A stale flush file older than the full one must not win over it.
+    write_flush(first.changed, flush_path(str(tmp_path), 0, clock_ns=0))
+    assert latest_histories(str(tmp_path), 0).equals(third.state)
+
+
+def test_path_lock_serialises_threads(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    from pipelines.kafka.stream_state import shard_lock
+
+    inside, overlaps = [0], [0]
+
+    def work() -> None:
+        for _ in range(20):
+            with shard_lock(str(tmp_path), 1):
+                inside[0] += 1
+                overlaps[0] = max(overlaps[0], inside[0])
+                time.sleep(0.001)
+                inside[0] -= 1
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert overlaps[0] == 1
