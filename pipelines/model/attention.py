@@ -130,7 +130,9 @@ def jagged_pool(queries: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, layou
     scores = scores.masked_fill(~layout.valid[:, None, None, :], float("-inf"))
     block_max = scores.amax(dim=-1)  # (NB, H, Q); finite: every block holds a token
     probs = torch.exp(scores - block_max[..., None])
-    block_sum, block_out = probs.sum(dim=-1), probs @ vb  # (NB, H, Q), (NB, H, Q, dh)
+    # merged in fp32 even under bf16 autocast: a user's sums can span thousands of blocks
+    block_sum, block_out = probs.sum(dim=-1).float(), (probs @ vb).float()  # (NB,H,Q), (NB,H,Q,dh)
+    block_max = block_max.float()
     shape = (layout.num_users, *block_max.shape[1:])
     owner = layout.block_user[:, None, None].expand_as(block_max)
     user_max = block_max.new_full(shape, float("-inf")).scatter_reduce(0, owner, block_max.detach(), "amax")
@@ -248,8 +250,8 @@ class TargetAttention(nn.Module):
         lengths = offsets[1:] - offsets[:-1]
         owner = torch.repeat_interleave(torch.arange(lengths.numel(), device=offsets.device), lengths)
         h = self.norm(tokens)
-        scores = self._scores(h, target[owner])  # (L, H)
-        values = self.value(h).view(-1, self.num_heads, self.head_dim)  # (L, H, dh)
+        scores = self._scores(h, target[owner]).float()  # (L, H); fp32 sums under bf16 autocast
+        values = self.value(h).view(-1, self.num_heads, self.head_dim).float()  # (L, H, dh)
         shape = (lengths.numel(), self.num_heads)
         user_max = scores.new_full(shape, float("-inf")).scatter_reduce(
             0, owner[:, None].expand_as(scores), scores.detach(), "amax")

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import cast
 
@@ -27,6 +28,14 @@ from pipelines.model.embed import NUM_CONTEXT_TOKENS, NUM_TARGET_TOKENS, TokenEm
 from pipelines.model.interaction import MixtureOfExperts
 from pipelines.model.jagged import BlockLayout, to_padded_dense
 from pipelines.model.match import NUM_MATCH_FEATURES, match_features
+
+
+def autocast_for(device: torch.device) -> AbstractContextManager[object]:
+    """bf16 autocast on CUDA (where it pays); nothing on CPU, where bf16 matmuls are slow
+    and inference stays fp32."""
+    if device.type == "cuda":
+        return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+    return nullcontext()
 
 
 @dataclass
@@ -174,11 +183,13 @@ class GemModel(nn.Module):
     def represent(self, batch: GemBatch) -> Representations:
         """Inference entry: scores and representations of every row, as numpy (fp32).
 
-        Moves ``batch`` to the model's device; the model should be in eval mode
+        Moves ``batch`` to the model's device (bf16 autocast on CUDA, fp32 on CPU); the
+        model should be in eval mode
         (:func:`pipelines.model.checkpoint.load_model` returns it so).
         """
         device = next(self.parameters()).device
-        out = self(batch.to(device))
+        with autocast_for(device):
+            out = self(batch.to(device))
         lengths = batch.lengths
 
         def np32(t: torch.Tensor) -> np.ndarray:

@@ -75,14 +75,14 @@ class MixtureOfExperts(nn.Module):
         logits = self.gate(tokens.flatten(1))  # (B, E)
         top_logits, top_index = logits.topk(self.top_k, dim=1)
         weights = top_logits.softmax(dim=1)  # (B, k)
-        out = tokens.new_zeros(tokens.shape[0], tokens.shape[2])
+        out = tokens.new_zeros(tokens.shape[0], tokens.shape[2], dtype=torch.float32)  # fp32 under autocast
         for e, expert in enumerate(self.experts):
             routed = top_index == e  # (B, k)
             rows = routed.any(dim=1).nonzero().squeeze(1)
             if rows.numel() == 0:
                 continue
             weight = (weights * routed).sum(dim=1)[rows]
-            out = out.index_add(0, rows, expert(tokens[rows]) * weight[:, None])
+            out = out.index_add(0, rows, (expert(tokens[rows]) * weight[:, None]).to(out.dtype))
         fraction = F.one_hot(top_index, len(self.experts)).float().mean(dim=(0, 1))
         self.aux_loss = len(self.experts) * (fraction * logits.softmax(dim=1).mean(dim=0)).sum()
         return self.norm(out)

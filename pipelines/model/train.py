@@ -7,6 +7,7 @@ by the benchmark.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -25,7 +26,7 @@ from pipelines.model.batch import ExampleSet, HistoryIndex
 from pipelines.model.checkpoint import resolve_device, save_checkpoint
 from pipelines.model.config import GemConfig
 from pipelines.model.data import load_features, sample_rows, split_by_time
-from pipelines.model.gem import GemModel
+from pipelines.model.gem import GemModel, autocast_for
 from pipelines.model.metrics import task_metrics
 
 log = logging.getLogger(__name__)
@@ -38,11 +39,11 @@ METRICS_NAME = "metrics.json"
 class TrainConfig:
     """Optimisation and data budget of one training run."""
 
-    epochs: int = 2
+    epochs: int = 1
     batch_size: int = 256
     learning_rate: float = 3e-3
     weight_decay: float = 1e-5
-    max_examples: int | None = 40_000
+    max_examples: int | None = 30_000
     max_holdout: int | None = 20_000
     holdout_days: float = 1.0
     conversion_weight: float = 1.0
@@ -109,7 +110,8 @@ def fit(model: GemModel, examples: ExampleSet, tc: TrainConfig, device: torch.de
             epoch: list[float] = []
             for rows in _batches(len(examples), tc.batch_size, rng):
                 batch = examples.batch(rows, max_len=max_len).to(device)
-                loss = _loss(model, batch, tc)
+                with autocast_for(device):
+                    loss = _loss(model, batch, tc)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -130,7 +132,8 @@ def predict(model: GemModel, examples: ExampleSet, device: torch.device, batch_s
     model.eval()
     out: dict[str, list[np.ndarray]] = {task: [] for task in TASKS}
     for rows in _batches(len(examples), batch_size, None):
-        result = model(examples.batch(rows, max_len=model.config.max_len).to(device))
+        with autocast_for(device):
+            result = model(examples.batch(rows, max_len=model.config.max_len).to(device))
         out["clicked"].append(torch.sigmoid(result.click_logit).float().cpu().numpy())
         out["converted"].append(torch.sigmoid(result.conversion_logit).float().cpu().numpy())
     return {task: np.concatenate(parts) if parts else np.zeros(0) for task, parts in out.items()}
@@ -183,45 +186,75 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def train_model(data_dir: str | Path, output_dir: str | Path, model_config: GemConfig,
-                tc: TrainConfig) -> dict[str, Any]:
-    """Train on a features folder, evaluate model and baseline on the last-day holdout,
-    save ``model.pt`` and ``metrics.json`` in ``output_dir``; returns the metrics."""
-    started = time.monotonic()
-    device = resolve_device(tc.device)
+@dataclass
+class _Data:
+    index: HistoryIndex
+    train: ExampleSet
+    holdout: ExampleSet
+    summary: dict[str, Any]
+
+
+def _prepare(data_dir: str | Path, tc: TrainConfig, max_len: int) -> _Data:
     histories, examples = load_features(data_dir)
     split = split_by_time(examples, tc.holdout_days)
     index = HistoryIndex(histories)
     train = ExampleSet(index, sample_rows(split.train, tc.max_examples, tc.seed))
     holdout = ExampleSet(index, sample_rows(split.holdout, tc.max_holdout, tc.seed + 1))
-    log.info("training on %d of %d examples, holding out %d of %d (cutoff %d) on %s", len(train),
-             split.train.num_rows, len(holdout), split.holdout.num_rows, split.cutoff_ms, device)
+    summary = {"features": str(data_dir), "train_examples": len(train), "train_available": split.train.num_rows,
+               "holdout_examples": len(holdout), "holdout_available": split.holdout.num_rows,
+               "holdout_cutoff_ms": split.cutoff_ms, "history_events": index.num_events,
+               "mean_train_prefix_tokens": float(train.prefix_lengths(max_len).mean()),
+               "mean_holdout_prefix_tokens": float(holdout.prefix_lengths(max_len).mean())}
+    log.info("training on %d of %d examples, holding out %d of %d (last %g day(s))", len(train),
+             split.train.num_rows, len(holdout), split.holdout.num_rows, tc.holdout_days)
+    return _Data(index, train, holdout, summary)
+
+
+def _comparison(model: dict[str, dict[str, float]], baseline: dict[str, dict[str, float]]) -> dict[str, Any]:
+    return {task: {"auc_gain": model[task]["auc"] - baseline[task]["auc"],
+                   "ne_gain": baseline[task]["ne"] - model[task]["ne"],
+                   "beats": model[task]["auc"] > baseline[task]["auc"] and model[task]["ne"] < baseline[task]["ne"]}
+            for task in model}
+
+
+def train_model(data_dir: str | Path, output_dir: str | Path, model_config: GemConfig,
+                tc: TrainConfig) -> dict[str, Any]:
+    """Train on a features folder, evaluate model and baseline on the last-day holdout,
+    save ``model.pt`` and ``metrics.json`` in ``output_dir``; returns the metrics."""
+    clock = {"start": time.monotonic()}
+    device = resolve_device(tc.device)
+    data = _prepare(data_dir, tc, model_config.max_len)
+    clock["data"] = time.monotonic()
     seed_everything(tc.seed)
     model = GemModel(model_config)
-    model.init_output_bias(float(train.fields["clicked"].mean()), float(train.fields["converted"].mean()))
+    model.init_output_bias(float(data.train.fields["clicked"].mean()), float(data.train.fields["converted"].mean()))
     model = model.to(device)
-    losses = fit(model, train, tc, device)
-    model_scores = score(holdout, predict(model, holdout, device))
-    baseline = CountBaseline(train)
-    baseline_scores = score(holdout, baseline.predict(holdout))
-    popularity = {t: baseline.features.popularity(holdout, t, train=False) for t in TASKS}
+    losses = fit(model, data.train, tc, device)
+    clock["fit"] = time.monotonic()
+    model_scores = score(data.holdout, predict(model, data.holdout, device))
+    clock["evaluate"] = time.monotonic()
+    baseline = CountBaseline(data.train)
+    baseline_scores = score(data.holdout, baseline.predict(data.holdout))
+    popularity = {t: baseline.features.popularity(data.holdout, t, train=False) for t in TASKS}
+    clock["baseline"] = time.monotonic()
     out = Path(output_dir)
     checkpoint = save_checkpoint(model.cpu(), out)
+    skip = {"enabled": model_config.component_skip, **evaluate_flops(model_config, data.holdout)}
+    if tc.compare_skip:
+        skip.update(_skip_quality(model_config, model_scores, data.train, data.holdout, tc, device))
+    clock["end"] = time.monotonic()
+    phases = list(clock)
     metrics = {
         "model_version": model.model_version,
         "model": model_scores,
         "baseline": {"name": "logistic regression on count features + popularity", **baseline_scores},
-        "popularity": score(holdout, popularity),
-        "model_beats_baseline": {task: model_scores[task]["auc"] > baseline_scores[task]["auc"]
-                                 for task in model_scores},
-        "component_skip": {"enabled": model_config.component_skip, **evaluate_flops(model_config, holdout),
-                           **(_skip_quality(model_config, model_scores, train, holdout, tc, device)
-                              if tc.compare_skip else {})},
-        "data": {"features": str(data_dir), "train_examples": len(train), "train_available": split.train.num_rows,
-                 "holdout_examples": len(holdout), "holdout_available": split.holdout.num_rows,
-                 "holdout_cutoff_ms": split.cutoff_ms, "history_events": index.num_events,
-                 "mean_train_prefix_tokens": float(train.prefix_lengths(model_config.max_len).mean())},
-        "training": {"epoch_losses": losses, "seconds": time.monotonic() - started, "device": str(device),
+        "popularity": score(data.holdout, popularity),
+        "model_vs_baseline": _comparison(model_scores, baseline_scores),
+        "component_skip": skip,
+        "data": data.summary,
+        "training": {"epoch_losses": losses, "seconds": clock["end"] - clock["start"], "device": str(device),
+                     "threads": torch.get_num_threads(),
+                     "phase_seconds": {b: clock[b] - clock[a] for a, b in itertools.pairwise(phases)},
                      **asdict(tc)},
         "config": model_config.to_dict(),
         "checkpoint": str(checkpoint),

@@ -22,18 +22,18 @@ from pipelines.errors import ConfigError, OutputNotWritableError
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, metavar="DIR", help="a features output folder")
     parser.add_argument("--output", required=True, metavar="MODEL_DIR", help="where model.pt and metrics.json go")
-    parser.add_argument("--epochs", type=int, default=2, help="passes over the training sample (default: %(default)s)")
+    parser.add_argument("--epochs", type=int, default=1, help="passes over the training sample (default: %(default)s)")
     parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda (default: auto)")
     parser.add_argument("--seed", type=int, default=0, help="seed of sampling, init and order (default: 0)")
-    parser.add_argument("--max-examples", type=int, default=40_000,
+    parser.add_argument("--max-examples", type=int, default=30_000,
                         help="training examples sampled from the training days; 0 = all (default: %(default)s)")
     parser.add_argument("--max-holdout", type=int, default=20_000,
                         help="holdout examples sampled from the last day; 0 = all (default: %(default)s)")
     parser.add_argument("--holdout-days", type=float, default=1.0, help="days held out at the end (default: 1)")
     parser.add_argument("--batch-size", type=int, default=256, help="examples per step (default: %(default)s)")
     parser.add_argument("--learning-rate", type=float, default=3e-3, help="peak AdamW rate (default: %(default)s)")
-    parser.add_argument("--max-len", type=int, default=256,
-                        help="most recent history events the model reads (default: %(default)s)")
+    parser.add_argument("--max-len", type=int, default=128,
+                        help="most recent history events the model reads (default: %(default)s, a CPU budget)")
     parser.add_argument("--layers", type=int, default=4, help="sequence layers (default: %(default)s)")
     parser.add_argument("--d-model", type=int, default=64, help="token width (default: %(default)s)")
     parser.add_argument("--block-size", type=int, default=64, help="block attention block (default: %(default)s)")
@@ -41,6 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="every layer does block attention and summarisation (for comparison)")
     parser.add_argument("--compare-skip", action="store_true",
                         help="also train the other component-skip setting and report the AUC it costs")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads on CPU (default: 1; this model's ops are small, extra "
+                             "threads mostly wait on each other on a shared machine, and one thread gives the "
+                             "same bits on any machine)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--overwrite", action="store_true", help="replace a model already in MODEL_DIR")
 
@@ -54,7 +58,7 @@ def _positive(args: argparse.Namespace, name: str, allow_zero: bool = False) -> 
 
 def _check(args: argparse.Namespace) -> None:
     for name in ("epochs", "batch-size", "learning-rate", "max-len", "layers", "d-model", "block-size",
-                 "holdout-days"):
+                 "holdout-days", "threads"):
         _positive(args, name)
     for name in ("max-examples", "max-holdout"):
         _positive(args, name, allow_zero=True)
@@ -79,11 +83,14 @@ def _check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _check(args)
+    import torch
+
     from pipelines.model.checkpoint import resolve_device
     from pipelines.model.config import GemConfig
     from pipelines.model.train import TrainConfig, train_model
 
     resolve_device(args.device)  # a missing CUDA fails here, before any work
+    torch.set_num_threads(args.threads)
     model_config = GemConfig(d_model=args.d_model, num_layers=args.layers, block_size=args.block_size,
                              max_len=args.max_len, component_skip=not args.no_component_skip)
     tc = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.learning_rate,

@@ -99,3 +99,17 @@ def test_hashed_ids_stay_in_range_and_null_has_its_own_bucket() -> None:
     assert buckets[0] == 0 and buckets[-1] == 0
     assert torch.all((buckets[1:5] >= 1) & (buckets[1:5] < 100))
     assert len(set(hash_ids(torch.arange(1000), 3, 1 << 20).tolist())) > 990
+
+
+def test_bf16_autocast_runs_forward_and_backward() -> None:
+    """The CUDA path trains and infers under bf16 autocast; CPU autocast exercises the same dtype mixing."""
+    model = GemModel(tiny_config())
+    batch = random_batch([0, 3, 20, 9], with_labels=True)
+    assert batch.clicked is not None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(batch)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(out.click_logit.float(), batch.clicked)
+    loss.backward()
+    with torch.no_grad():
+        reference = model(batch)
+    torch.testing.assert_close(out.click_logit.float(), reference.click_logit, atol=0.05, rtol=0.05)
