@@ -189,6 +189,7 @@ def _quality(world: _World, model: GemModel, paths: np.ndarray, emb: np.ndarray,
     true = world.exact.pair[rows]
     cos = cosine_rows(emb[sel], true)
     out["cosine_mean"], out["cosine_median"] = float(np.nanmean(cos)), float(np.nanmedian(cos))
+    out["cosine_none_mean"] = float(np.nanmean(cosine_rows(np.broadcast_to(prior, true.shape), true)))
     surface, labels = world.q.surface[rows], world.clicked[rows]
     none = np.broadcast_to(prior, true.shape)
     for head, (u, a) in {"pair": (None, None), "full": (world.exact.user[rows], world.exact.ad[rows])}.items():
@@ -235,6 +236,21 @@ def replay_mix(candidates: pa.Table, index: UserIndex, users: UserVectors, store
             for name, r in results.items()}
 
 
+def category_profiles(index: HistoryIndex, as_of_ms: int) -> UserVectors:
+    """A behavioural yardstick for the learned user representations: each user's share of events per
+    item category before ``as_of_ms``, L2-normalised (users with no such event left out)."""
+    rows = np.repeat(np.arange(len(index.user_ids)), np.diff(index.offsets))
+    keep = (index.event_time < as_of_ms) & (index.columns["category"] >= 0)
+    width = int(index.columns["category"].max(initial=0)) + 1
+    counts = np.zeros((len(index.user_ids), width), np.float32)
+    np.add.at(counts, (rows[keep], index.columns["category"][keep]), 1.0)
+    norm = np.linalg.norm(counts, axis=1)
+    has = norm > 0
+    n = int(has.sum())
+    return UserVectors(index.user_ids[has], counts[has] / norm[has, None], np.zeros(n, np.int64),
+                       np.full(n, "", dtype=object))
+
+
 def evaluate_fallback(config: EvalConfig, *, model: GemModel | None = None) -> dict[str, Any]:
     """Run the evaluation described in the module docstring; returns the report (also the caller's to save)."""
     started = time.perf_counter()
@@ -264,6 +280,10 @@ def evaluate_fallback(config: EvalConfig, *, model: GemModel | None = None) -> d
     if config.truth:
         truth = pq.read_table(str(Path(config.truth) / "users.parquet"), columns=["user_id", "segment"])
         report["neighbors"] = neighbor_quality(world.index, truth, config.k, config.seed)
+        cutoff = int(world.user_vectors.computed_at_ms[0]) if len(world.user_vectors) else 0
+        profiles = build_index(category_profiles(index, cutoff), BuildSpec(factory="Flat", gpu="off"), model_version="")
+        report["neighbors_category_profile"] = neighbor_quality(UserIndex.from_built(profiles), truth, config.k,
+                                                                config.seed)
     if config.candidates:
         cutoff = int(world.user_vectors.computed_at_ms[0]) if len(world.user_vectors) else 0
         report["stream"] = replay_mix(pq.read_table(config.candidates), world.index, world.user_vectors,

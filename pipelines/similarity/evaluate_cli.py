@@ -60,14 +60,15 @@ def _f(x: Any, spec: str = ".3f") -> str:
 def print_report(report: dict[str, Any]) -> None:
     print(f"evaluate-fallback: {report['pairs']} holdout pairs ({report['clicked']} clicked), "
           f"{report['hidden']} hidden; model {report['model_version']}")
-    print(f"{'path (alone)':<15} {'share':>6} {'cosine':>7} | {'head':<4} {'AUC exact':>9} {'fallback':>8} "
-          f"{'none':>6} {'gain kept':>9} {'90% interval':>15}")
+    print(f"{'path (alone)':<15} {'share':>6} {'cosine':>7} {'(none)':>6} | {'head':<4} {'AUC exact':>9} "
+          f"{'fallback':>8} {'none':>6} {'gain kept':>9} {'90% interval':>15}")
     for name in ("same_user_pair", "same_user", "similar_users"):
         q = report[name][name]
         heads: list[str] = [h for h in ("pair", "full") if f"head_{h}" in q] or ["-"]
         for head in heads:
             g = q.get(f"head_{head}", {})
-            print(f"{name:<15} {_f(q['share_of_hidden'], '.2f'):>6} {_f(q.get('cosine_mean')):>7} | "
+            print(f"{name:<15} {_f(q['share_of_hidden'], '.2f'):>6} {_f(q.get('cosine_mean')):>7} "
+                  f"{_f(q.get('cosine_none_mean'), '.2f'):>6} | "
                   f"{head:<4} {_f(g.get('auc_exact')):>9} {_f(g.get('auc_fallback')):>8} "
                   f"{_f(g.get('auc_none')):>6} {_f(g.get('gain_kept'), '.1%'):>9} "
                   f"{_f(g.get('gain_kept_p05'), '.0%'):>7}-{_f(g.get('gain_kept_p95'), '.0%'):<7}")
@@ -77,9 +78,10 @@ def print_report(report: dict[str, Any]) -> None:
         print(f"request stream ({name}): {r['requests']} requests, {r['candidates']} candidates: {mix}; "
               f"resolve p50 {_f(r['latency_ms_p50'], '.2f')} p99 {_f(r['latency_ms_p99'], '.2f')} ms")
     if "neighbors" in report:
-        n = report["neighbors"]
+        n, c = report["neighbors"], report["neighbors_category_profile"]
         print(f"neighbours: {n['same_segment_share']:.1%} of k={n['k']} in the user's ground-truth segment "
-              f"(random users: {n['random_same_segment_share']:.1%}), {n['users']} users")
+              f"(random users: {n['random_same_segment_share']:.1%}; neighbours by history category profile, "
+              f"a behavioural yardstick: {c['same_segment_share']:.1%}), {n['users']} users")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -71,6 +71,8 @@ def test_evaluate_fallback_reports_every_path(world: Path, capsys: pytest.Captur
     assert stream["requests"] > 0 and sum(stream["mix"].values()) == stream["candidates"]
     assert stream["mix"]["same_user"] == 0
     assert 0.0 <= report["neighbors"]["same_segment_share"] <= 1.0
+    assert 0.0 <= report["neighbors_category_profile"]["same_segment_share"] <= 1.0
+    assert -1.0 <= alone["cosine_none_mean"] <= 1.0
     assert (out / "index" / "manifest.json").is_file()
 
 
