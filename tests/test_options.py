@@ -36,7 +36,8 @@ def _free_port() -> int:
         ("DataflowRunner", ["--project=p", "--region=r", "--temp_location=/tmp/x"], "--temp_location"),
     ],
 )
-def test_misconfigured_runner_names_the_flag(runner: str, flags: list[str], flag: str) -> None:
+def test_misconfigured_runner_names_the_flag(runner: str, flags: list[str], flag: str, monkeypatch) -> None:
+    monkeypatch.setattr("pipelines.options.default_prism", lambda: None)  # as on a machine without `make prism`
     port = _free_port()
     with pytest.raises(ConfigError) as err:
         pipeline_options(_args(runner), [f.format(port=port) for f in flags])

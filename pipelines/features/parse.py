@@ -126,6 +126,10 @@ def _event_id(obj: dict[str, Any]) -> str:
         raise Reject(reasons.WRONG_TYPE, f"event_id must be a string, got {type(value).__name__}")
     if not 0 < len(value) <= MAX_EVENT_ID_CHARS:
         raise Reject(reasons.OUT_OF_RANGE, f"event_id length {len(value)} outside [1, {MAX_EVENT_ID_CHARS}]")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate escape such as "\ud800" decodes but is not UTF-8
+        raise Reject(reasons.INVALID_UTF8, f"event_id holds an unpaired surrogate at {exc.start}") from exc
     return value
 
 

@@ -58,6 +58,7 @@ def test_valid_line_becomes_an_event_with_codes() -> None:
         (line(is_ad=False), reasons.ORGANIC_WITH_ADVERTISER),
         (line()[:10] + b"\x00" + line()[10:], reasons.NUL_BYTE),
         (b'{"event_id": "\xff\xfe"}', reasons.INVALID_UTF8),
+        (line(event_id="x")[:-1].replace(b'"x"', b'"a\\ud800b"') + b"}", reasons.INVALID_UTF8),
         (b'{"a": "' + b"x" * MAX_LINE_BYTES + b'"}', reasons.LINE_TOO_LONG),
     ],
 )

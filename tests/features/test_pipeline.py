@@ -157,7 +157,7 @@ def test_large_elements_lose_nothing_at_group_by_key(tmp_path: Path) -> None:
 def test_gzipped_jsonl_input(tmp_path: Path) -> None:
     import gzip
 
-    lines = _good_lines(120) + [b"{nope"]
+    lines = [*_good_lines(120), b"{nope"]
     src = tmp_path / "e.jsonl.gz"
     src.write_bytes(gzip.compress(b"\n".join(lines) + b"\n"))
     assert _features("--input", str(src), "--output", str(tmp_path / "o")) == 0
