@@ -204,6 +204,7 @@ class _ReadPartitionFn(beam.DoFn):
         drops what a history already holds). Covers events a runner loses between stages: Prism was
         seen to drop buffered state under load."""
         from kafka import TopicPartition
+        from kafka.errors import KafkaError
 
         from pipelines.kafka.ranges import PartitionRange
 
@@ -211,7 +212,11 @@ class _ReadPartitionFn(beam.DoFn):
         seen, since, checked = self._commits.get(p, (-1, now, 0.0))
         if now - checked < 1.0:
             return
-        found = self._group.committed(TopicPartition(element.topic, p))
+        try:
+            found = self._group.committed(TopicPartition(element.topic, p))
+        except KafkaError:  # broker away: look again later
+            self._commits[p] = (seen, since, now)
+            return
         committed = element.start if found is None else int(found)
         if committed != seen or committed >= position:
             self._commits[p] = (committed, now, now)
@@ -396,12 +401,18 @@ class _CommitOffsetsFn(beam.DoFn):
 
     def _commit(self, partition: int, book: _Commits) -> None:
         from kafka import TopicPartition
+        from kafka.errors import KafkaError
         from kafka.structs import OffsetAndMetadata
 
         book.at = time.monotonic()
         if book.ledger.next > book.committed:
             tp = TopicPartition(self._config.topic, partition)
-            self._consumer.commit({tp: OffsetAndMetadata(book.ledger.next, "", -1)})
+            try:
+                self._consumer.commit({tp: OffsetAndMetadata(book.ledger.next, "", -1)})
+            except KafkaError as exc:  # broker away: the next acknowledgement or tick tries again
+                log.warning("%s/%s: commit of %d failed (%r); retrying later", tp.topic, partition,
+                            book.ledger.next, exc)
+                return
             book.committed = book.ledger.next
 
     def teardown(self) -> None:

@@ -107,13 +107,14 @@ def test_sigkill_mid_topic_then_restart_loses_and_duplicates_nothing(
     topic, group = make_topic(3), f"g-{uuid.uuid4().hex[:8]}"
     produce(kafka, topic, first, keys=_keyed(first))
     out = tmp_path / "stream"
-    job = subprocess.Popen(_stream_cmd(topic, group, out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    log = tmp_path / "stream.log"  # a file, not a pipe: a full pipe would block the job
+    job = subprocess.Popen(_stream_cmd(topic, group, out), stdout=subprocess.DEVNULL, stderr=log.open("wb"),
                            start_new_session=True)
     late = threading.Thread(target=produce, args=(kafka, topic, second), kwargs={"keys": _keyed(second)})
     try:
         deadline = time.monotonic() + 120
         while not any(_committed(kafka, topic, group, 3)):
-            assert job.poll() is None, job.stderr.read().decode()[-3000:] if job.stderr else ""
+            assert job.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline, "the job committed nothing within 120 s"
             time.sleep(0.2)
         late.start()  # the rest of the topic arrives while the job runs ...
@@ -130,3 +131,39 @@ def test_sigkill_mid_topic_then_restart_loses_and_duplicates_nothing(
     batch = _replay(topic, tmp_path / "batch")
     _same_histories(latest_histories(str(out)), batch)
     assert sum(c or 0 for c in _committed(kafka, topic, group, 3)) == len(lines)
+
+
+def _kafka_sh(action: str) -> None:
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run(["bash", str(root / "scripts" / "kafka.sh"), action], check=True, timeout=180,
+                   capture_output=True)
+
+
+def test_broker_restart_while_streaming_loses_nothing(
+    kafka: KafkaConnection, make_topic: MakeTopic, tmp_path: Path, prism: str
+) -> None:
+    lines = _generate(tmp_path, 100, seed=23)
+    first, second = lines[: len(lines) // 2], lines[len(lines) // 2 :]
+    topic, group = make_topic(2), f"g-{uuid.uuid4().hex[:8]}"
+    produce(kafka, topic, first, keys=_keyed(first))
+    out = tmp_path / "stream"
+    log = tmp_path / "stream.log"  # a file, not a pipe: a full pipe would block the job
+    job = subprocess.Popen(_stream_cmd(topic, group, out), stdout=subprocess.DEVNULL, stderr=log.open("wb"),
+                           start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while sum(c or 0 for c in _committed(kafka, topic, group, 2)) < len(first):
+            assert job.poll() is None and time.monotonic() < deadline, "the job did not take the first half"
+            time.sleep(0.3)
+        _kafka_sh("down")  # the broker goes away under the running job ...
+        _kafka_sh("up")  # ... and comes back
+        produce(kafka, topic, second, keys=_keyed(second))
+        deadline = time.monotonic() + 150
+        while sum(c or 0 for c in _committed(kafka, topic, group, 2)) < len(lines):
+            assert job.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the job did not resume after the broker restart"
+            time.sleep(0.3)
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait(timeout=30)
+    _same_histories(latest_histories(str(out)), _replay(topic, tmp_path / "batch"))
