@@ -26,16 +26,14 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-from apache_beam.coders import PickleCoder, VarIntCoder
+from apache_beam.coders import VarIntCoder
 from apache_beam.io.restriction_trackers import OffsetRange, OffsetRestrictionTracker
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.transforms.core import RestrictionProvider
@@ -50,15 +48,8 @@ from pipelines.io.arrow_coder import ArrowTableCoder
 from pipelines.kafka.config import KafkaConnection
 from pipelines.kafka.consume import PartitionPoller
 from pipelines.kafka.decode import decode_indexed
-from pipelines.kafka.stream_state import (
-    OFFSET,
-    PARTITION,
-    OffsetLedger,
-    flush_path,
-    merge_shard,
-    path_lock,
-    write_flush,
-)
+from pipelines.kafka.stream_acks import CommitOffsetsFn, WriteDeadLettersFn, open_sink
+from pipelines.kafka.stream_state import OFFSET, PARTITION, flush_path, merge_shard, write_flush
 from schemas.layouts import EVENT
 
 __all__ = ["PartitionStart", "StreamConfig", "build_stream", "start_offsets"]
@@ -66,7 +57,6 @@ __all__ = ["PartitionStart", "StreamConfig", "build_stream", "start_offsets"]
 log = logging.getLogger(__name__)
 
 ACKS, DEAD = "acks", "dead_letters"
-_DEAD_BLOCK = 100_000
 _END = 2**62
 _EMPTY_EVENTS = pa.schema([*EVENT.schema, pa.field(PARTITION, pa.int32()), pa.field(OFFSET, pa.int64())]).empty_table()
 
@@ -131,12 +121,9 @@ class _Restrictions(RestrictionProvider):
 _BUFFER = BagStateSpec("buffer", ArrowTableCoder())
 _ARMED = ReadModifyWriteStateSpec("armed", VarIntCoder())  # wall ms of the oldest buffered element
 _END_OF_INPUT = TimerSpec("end_of_input", TimeDomain.WATERMARK)
-_LEDGER = ReadModifyWriteStateSpec("ledger", PickleCoder())
-_COMMIT_AT_END = TimerSpec("commit_at_end", TimeDomain.WATERMARK)
 BUFFER, ARMED = beam.DoFn.StateParam(_BUFFER), beam.DoFn.StateParam(_ARMED)
-END_OF_INPUT, LEDGER = beam.DoFn.TimerParam(_END_OF_INPUT), beam.DoFn.StateParam(_LEDGER)
-COMMIT_AT_END = beam.DoFn.TimerParam(_COMMIT_AT_END)
-KEY, RESTRICTION = beam.DoFn.KeyParam, beam.DoFn.RestrictionParam(_Restrictions())
+END_OF_INPUT, KEY = beam.DoFn.TimerParam(_END_OF_INPUT), beam.DoFn.KeyParam
+RESTRICTION = beam.DoFn.RestrictionParam(_Restrictions())
 
 
 class _ReadPartitionFn(beam.DoFn):
@@ -249,14 +236,6 @@ class _ReadPartitionFn(beam.DoFn):
         self._refetch.close()
 
 
-def _open_sink(connection: KafkaConnection, topic: str | None) -> Any:
-    if topic is None:
-        return None
-    from pipelines.kafka.produce import KafkaSink
-
-    return KafkaSink(connection, topic, linger_ms=5)
-
-
 class _AppendHistoriesFn(beam.DoFn):
     """Keyed by shard: buffer events; flush them into the histories, then acknowledge their offsets.
 
@@ -272,7 +251,7 @@ class _AppendHistoriesFn(beam.DoFn):
         self._connection, self._config = connection, config
 
     def setup(self) -> None:
-        self._sink = _open_sink(self._connection, self._config.histories_topic)
+        self._sink = open_sink(self._connection, self._config.histories_topic)
 
     def process(self, element: tuple[int, pa.Table], buffer: Any = BUFFER, armed: Any = ARMED,
                 end: Any = END_OF_INPUT) -> Iterator[tuple[int, np.ndarray]]:
@@ -319,113 +298,6 @@ class _AppendHistoriesFn(beam.DoFn):
             self._sink.close()
 
 
-class _WriteDeadLettersFn(beam.DoFn):
-    """(partition, offsets, DEAD_LETTER table) → a Parquet file (+ topic), then acknowledges the offsets."""
-
-    def __init__(self, connection: KafkaConnection, config: StreamConfig) -> None:
-        self._connection, self._config = connection, config
-
-    def setup(self) -> None:
-        self._sink = _open_sink(self._connection, self._config.dead_letter_topic)
-
-    def process(self, element: tuple[int, np.ndarray, pa.Table]) -> Iterator[tuple[int, np.ndarray]]:
-        import pyarrow.parquet as pq
-
-        from pipelines.io.parquet import conform
-        from schemas.layouts import DEAD_LETTER
-
-        partition, offsets, dead = element
-        # One file per partition and block of offsets, merged on write: a dead letter read
-        # again (redelivery, restart) replaces itself instead of appearing twice.
-        blocks = offsets // _DEAD_BLOCK
-        for block in np.unique(blocks):
-            path = Path(self._config.output, "dead_letters", f"p{partition:05d}-b{block:012d}.parquet")
-            with path_lock(path):
-                part = dead.filter(pa.array(blocks == block))
-                if path.exists():
-                    part = pa.concat_tables([pq.read_table(path).cast(DEAD_LETTER.schema), conform(part, DEAD_LETTER)])
-                    sources = part.column("source").to_numpy(zero_copy_only=False)
-                    _, first = np.unique(sources, return_index=True)
-                    part = part.take(pa.array(np.sort(first)))
-                tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-                pq.write_table(conform(part, DEAD_LETTER), tmp)
-                tmp.replace(path)
-        if self._sink is not None:
-            from pipelines.kafka.encode import dead_letters_to_json
-
-            self._sink.send_many(dead_letters_to_json(dead))
-            self._sink.flush()
-        yield partition, offsets
-
-    def teardown(self) -> None:
-        if self._sink is not None:
-            self._sink.close()
-
-
-class _CommitOffsetsFn(beam.DoFn):
-    """Keyed by partition: commits the first offset not yet durable to the consumer group.
-
-    A commit is a broker round trip (~10 ms here): advances are committed at most
-    every ``COMMIT_INTERVAL_S`` (the reader's empty acknowledgements keep this
-    going on a quiet topic), and once more when the input ends.
-    """
-
-    COMMIT_INTERVAL_S = 0.5
-
-    def __init__(self, connection: KafkaConnection, config: StreamConfig, starts: dict[int, int]) -> None:
-        self._connection, self._config, self._starts = connection, config, dict(starts)
-
-    def setup(self) -> None:
-        from kafka import KafkaConsumer
-
-        self._consumer = KafkaConsumer(**self._connection.kafka_python(), group_id=self._config.group,
-                                       enable_auto_commit=False)
-
-    def process(self, element: tuple[int, np.ndarray], ledger: Any = LEDGER, end: Any = COMMIT_AT_END) -> None:
-        partition, offsets = element
-        book = ledger.read()
-        if book is None:
-            book = _Commits(OffsetLedger(self._starts[partition]))
-            end.set(GlobalWindow().max_timestamp())
-        book.ledger.add(offsets)
-        if time.monotonic() - book.at >= self.COMMIT_INTERVAL_S:
-            self._commit(partition, book)
-        ledger.write(book)
-
-    @on_timer(_COMMIT_AT_END)
-    def on_end(self, partition: Any = KEY, ledger: Any = LEDGER) -> None:
-        book = ledger.read()
-        if book is not None:
-            self._commit(partition, book)
-            ledger.write(book)
-
-    def _commit(self, partition: int, book: _Commits) -> None:
-        from kafka import TopicPartition
-        from kafka.errors import KafkaError
-        from kafka.structs import OffsetAndMetadata
-
-        book.at = time.monotonic()
-        if book.ledger.next > book.committed:
-            tp = TopicPartition(self._config.topic, partition)
-            try:
-                self._consumer.commit({tp: OffsetAndMetadata(book.ledger.next, "", -1)})
-            except KafkaError as exc:  # broker away: the next acknowledgement or tick tries again
-                log.warning("%s/%s: commit of %d failed (%r); retrying later", tp.topic, partition,
-                            book.ledger.next, exc)
-                return
-            book.committed = book.ledger.next
-
-    def teardown(self) -> None:
-        self._consumer.close()
-
-
-@dataclass
-class _Commits:
-    ledger: OffsetLedger
-    committed: int = -1
-    at: float = 0.0
-
-
 def build_stream(p: beam.Pipeline, connection: KafkaConnection, config: StreamConfig,
                  starts: Sequence[PartitionStart]) -> None:
     """Add the streaming histories job to ``p`` (a streaming pipeline)."""
@@ -436,11 +308,11 @@ def build_stream(p: beam.Pipeline, connection: KafkaConnection, config: StreamCo
         .with_output_types(tuple[int, pa.Table]).with_outputs(ACKS, DEAD, main="events")
     )
     flushed = read["events"] | "AppendHistories" >> beam.ParDo(_AppendHistoriesFn(connection, config))
-    written = read[DEAD] | "WriteDeadLetters" >> beam.ParDo(_WriteDeadLettersFn(connection, config))
+    written = read[DEAD] | "WriteDeadLetters" >> beam.ParDo(WriteDeadLettersFn(connection, config))
     _ = (
         (flushed, written, read[ACKS])
         | "AllAcks" >> beam.Flatten()
-        | "CommitOffsets" >> beam.ParDo(_CommitOffsetsFn(connection, config, {s.partition: s.start for s in starts}))
+        | "CommitOffsets" >> beam.ParDo(CommitOffsetsFn(connection, config, {s.partition: s.start for s in starts}))
     )
 
 
