@@ -110,7 +110,13 @@ def test_sigkill_mid_topic_then_restart_loses_and_duplicates_nothing(
     log = tmp_path / "stream.log"  # a file, not a pipe: a full pipe would block the job
     job = subprocess.Popen(_stream_cmd(topic, group, out), stdout=subprocess.DEVNULL, stderr=log.open("wb"),
                            start_new_session=True)
-    late = threading.Thread(target=produce, args=(kafka, topic, second), kwargs={"keys": _keyed(second)})
+    def produce_slowly() -> None:  # the second half trickles in over ~3 s, so the kill lands mid-topic
+        for chunk in range(10):
+            part = second[chunk::10]
+            produce(kafka, topic, part, keys=_keyed(part))
+            time.sleep(0.3)
+
+    late = threading.Thread(target=produce_slowly)
     try:
         deadline = time.monotonic() + 120
         while not any(_committed(kafka, topic, group, 3)):
