@@ -27,7 +27,7 @@ def _cli(*args: str) -> str:
     return done.stdout
 
 
-def _file_run(events: Path, output: Path) -> dict:
+def _file_run(events: Path, output: Path, num_shards: int = 4) -> dict:
     import argparse
 
     from pipelines.options import add_runner_arguments
@@ -35,7 +35,7 @@ def _file_run(events: Path, output: Path) -> dict:
     parser = argparse.ArgumentParser()
     add_runner_arguments(parser)
     args = parser.parse_args([])
-    config = FeaturesConfig(inputs=[str(events)], output=str(output), num_shards=4)
+    config = FeaturesConfig(inputs=[str(events)], output=str(output), num_shards=num_shards)
     return run_features(config, pipeline_options(args), runner_for(args))
 
 
@@ -137,3 +137,19 @@ def test_replay_flags_fail_before_work(kafka: KafkaConnection) -> None:
                            "--output", "/tmp/never", "--bootstrap-servers", BOOTSTRAP],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--topic" in done.stderr
+
+
+def test_parquet_input_is_produced_in_the_wire_format(
+    kafka: KafkaConnection, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    events = tmp_path / "events.parquet"
+    _cli("generate", "--users", "60", "--days", "2", "--seed", "9", "--output", str(events))
+    topic = make_topic(2)
+    out = _cli("produce", "--input", str(events), "--topic", topic, "--no-progress", "--bootstrap-servers", BOOTSTRAP)
+    rows = pq.read_metadata(events).num_rows
+    assert f"produce: {rows:,} messages acknowledged" in out and "0 without a user_id key" in out
+    replay = tmp_path / "replay"
+    _cli("replay", "--topic", topic, "--output", str(replay), "--num-shards", "2", "--bootstrap-servers", BOOTSTRAP)
+    _file_run(events, tmp_path / "file", num_shards=2)
+    for shard in sorted((tmp_path / "file" / "histories").glob("*/*.parquet")):
+        assert pq.read_table(replay / "histories" / shard.parent.name / shard.name).equals(pq.read_table(shard))
