@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipelines.model.jagged import BlockLayout
+from pipelines.model.jagged import BlockChunk, BlockLayout
 
 
 class FeedForward(nn.Module):
@@ -60,30 +60,43 @@ class BlockAttention(nn.Module):
         k, v = self.context_kv(summary).chunk(2, dim=-1)
         return self._heads(k), self._heads(v)  # (B, K, H, dh) each
 
-    def forward(self, tokens: torch.Tensor, layout: BlockLayout, summary: torch.Tensor | None
-                ) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, layout: BlockLayout, summary: torch.Tensor | None,
+                max_blocks: int | None = None) -> torch.Tensor:
+        """Runs over chunks of at most ``max_blocks`` blocks (all at once when None)."""
         if tokens.shape[0] == 0:
             return tokens
-        q, k, v = (self._heads(t) for t in self.qkv(self.norm(tokens)).chunk(3, dim=-1))
-        qb, kb, vb = layout.scatter(q), layout.scatter(k), layout.scatter(v)  # (NB, S, H, dh)
-        keys, values, masks = [kb], [vb], [layout.valid]
-        if self.attend_previous:
-            k_prev, valid_prev = layout.previous(kb)
-            keys.insert(0, k_prev)
-            values.insert(0, layout.previous(vb)[0])
-            masks.insert(0, valid_prev)
         context = self._context(summary)
-        if context is not None:
-            keys.append(context[0][layout.block_user])
-            values.append(context[1][layout.block_user])
-            masks.append(layout.valid.new_ones(layout.num_blocks, context[0].shape[1]))
-        key_mask = torch.cat(masks, dim=1)[:, None, None, :]  # (NB, 1, 1, Sk)
+        context_kv = None if context is None else torch.stack(context, dim=2)  # (B, K, 2, H, dh)
+        previous_valid = layout.previous_valid
+        outputs = [self._chunk(tokens, layout, chunk, context_kv, previous_valid)
+                   for chunk in layout.chunks(max_blocks or max(layout.num_blocks, 1))]
+        return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+
+    def _chunk(self, tokens: torch.Tensor, layout: BlockLayout, chunk: BlockChunk,
+               context_kv: torch.Tensor | None, previous_valid: torch.Tensor) -> torch.Tensor:
+        """The layer's output ``(token_end - own_start, D)`` for one chunk's own tokens."""
+        n, size = chunk.end - chunk.first, layout.block_size
+        qkv = self.qkv(self.norm(tokens[chunk.token_start:chunk.token_end]))
+        qkv = qkv.view(-1, 3, self.num_heads, self.head_dim)
+        # one gather for q, k and v; row 0 is the block before the chunk (or an empty one)
+        blocks = qkv.index_select(0, chunk.source).view(n + 1, size, 3, self.num_heads, self.head_dim)
+        q, kv = blocks[1:, :, 0], blocks[:, :, 1:]
+        valid = layout.valid[chunk.first:chunk.end]
+        parts, masks = [kv[1:]], [valid]
+        if self.attend_previous:
+            parts.insert(0, kv[:-1])
+            masks.insert(0, previous_valid[chunk.first:chunk.end])
+        if context_kv is not None:
+            parts.append(context_kv[layout.block_user[chunk.first:chunk.end]])  # (n, K, 2, H, dh)
+            masks.append(valid.new_ones(n, context_kv.shape[1]))
+        keys_values = torch.cat(parts, dim=1)  # (n, Sk, 2, H, dh)
         attended = F.scaled_dot_product_attention(
-            qb.transpose(1, 2), torch.cat(keys, 1).transpose(1, 2), torch.cat(values, 1).transpose(1, 2),
-            attn_mask=key_mask,
-        )  # (NB, H, S, dh)
-        mixed = layout.gather(attended.transpose(1, 2)).reshape(tokens.shape)
-        return self.ffn(tokens + self.dropout(self.out(mixed)))
+            q.transpose(1, 2), keys_values[:, :, 0].transpose(1, 2), keys_values[:, :, 1].transpose(1, 2),
+            attn_mask=torch.cat(masks, dim=1)[:, None, None, :],
+        )  # (n, H, S, dh)
+        mixed = attended.transpose(1, 2).reshape(n * size, -1).index_select(0, chunk.slot)
+        own = tokens[chunk.own_start:chunk.token_end]
+        return self.ffn(own + self.dropout(self.out(mixed)))
 
     def reference(self, padded: torch.Tensor, mask: torch.Tensor, summary: torch.Tensor | None,
                   block_size: int) -> torch.Tensor:
@@ -173,10 +186,8 @@ class _Pooling(nn.Module):
         self.out = nn.Linear(d_model, d_model)
 
     def _blocks(self, tokens: torch.Tensor, layout: BlockLayout) -> tuple[torch.Tensor, torch.Tensor]:
-        k, v = self.kv(self.norm(tokens)).chunk(2, dim=-1)
-        kb = layout.scatter(k.view(-1, self.num_heads, self.head_dim)).permute(0, 2, 3, 1)  # (NB,H,dh,S)
-        vb = layout.scatter(v.view(-1, self.num_heads, self.head_dim)).transpose(1, 2)  # (NB,H,S,dh)
-        return kb, vb
+        kv = layout.scatter(self.kv(self.norm(tokens)).view(-1, 2, self.num_heads, self.head_dim))
+        return kv[:, :, 0].permute(0, 2, 3, 1), kv[:, :, 1].transpose(1, 2)  # (NB,H,dh,S), (NB,H,S,dh)
 
     def _padded(self, padded: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         batch, width, _ = padded.shape

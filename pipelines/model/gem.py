@@ -110,6 +110,7 @@ class GemModel(nn.Module):
         nn.init.zeros_(self.wide.weight)
         self.dot_scale = nn.Parameter(torch.full((2,), 2.0))
         self.model_version = f"untrained-{c.fingerprint()}"
+        self.cpu_chunk_blocks = 64  # blocks per block-attention chunk on CPU (4,096 tokens at S=64)
 
     # ---- sequence encoder -----------------------------------------------------------
     def _sequence_layers(self) -> list[SequenceLayer]:
@@ -120,10 +121,12 @@ class GemModel(nn.Module):
         """Jagged path: ``tokens: (L, D)``, ``offsets: (B+1,)``, ``target: (B, 4, D)`` ->
         ``summary: (B, K, D)`` and the target-aware token ``(B, 1, D)`` (None when off)."""
         layout = BlockLayout.build(offsets, self.config.block_size)
+        # CPU: block attention in cache-sized chunks; GPU: all blocks in one launch
+        max_blocks = self.cpu_chunk_blocks if tokens.device.type == "cpu" else None
         summary: torch.Tensor | None = None
         for layer in self._sequence_layers():
             if layer.local is not None:
-                tokens = layer.local(tokens, layout, summary)
+                tokens = layer.local(tokens, layout, summary, max_blocks)
             if layer.summarize is not None:
                 summary = layer.summarize(tokens, layout)
         assert summary is not None  # the last layer is always global

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 
-@pytest.fixture(autouse=True, scope="session")
+@pytest.fixture(autouse=True, scope="module")
 def _one_torch_thread() -> Iterator[None]:
     before = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -47,3 +47,20 @@ def test_previous_block_is_empty_across_a_user_boundary() -> None:
     assert layout.has_previous.tolist() == [False, True, False]
     assert not prev_valid[0].any() and not prev_valid[2].any()  # user 1 never sees user 0
     assert prev_valid[1].sum() == 1 and prev[1][prev_valid[1]].item() == 1.0  # user 0's first event
+
+
+@settings(max_examples=40, derandomize=True, deadline=None)
+@given(lengths=lengths_strategy, max_blocks=st.integers(1, 5))
+def test_chunks_cover_every_block_and_token_once(lengths: list[int], max_blocks: int) -> None:
+    offsets = lengths_to_offsets(torch.tensor(lengths))
+    layout = BlockLayout.build(offsets, 4)
+    chunks = layout.chunks(max_blocks)
+    assert [c.first for c in chunks] == list(range(0, layout.num_blocks, max_blocks))
+    assert sum(c.token_end - c.own_start for c in chunks) == sum(lengths)
+    values = torch.arange(sum(lengths), dtype=torch.float32)
+    for c in chunks:
+        own = values[c.own_start:c.token_end]
+        queries = values[c.token_start:c.token_end].index_select(0, c.source)[layout.block_size:]
+        assert torch.equal(queries.index_select(0, c.slot), own)  # slot and source invert each other
+        valid = layout.valid[c.first:c.end].reshape(-1)
+        assert torch.equal(queries[valid], own)

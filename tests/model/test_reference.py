@@ -23,13 +23,18 @@ def _assert_close(model: GemModel, lengths: list[int], seed: int) -> None:
 
 
 @pytest.fixture(scope="module", params=[
-    {"component_skip": True},
-    {"component_skip": False, "attend_previous_block": False},
-    {"component_skip": False, "num_layers": 3, "target_attention": False},
-], ids=["skip", "no-skip-no-prev", "three-layers-no-target"])
+    ({"component_skip": True}, 64),
+    ({"component_skip": True}, 1),
+    ({"component_skip": False, "attend_previous_block": False}, 2),
+    ({"component_skip": False, "num_layers": 3, "target_attention": False, "target_match": False}, 3),
+], ids=["skip", "skip-one-block-chunks", "no-skip-no-prev", "three-layers-no-target"])
 def model(request: pytest.FixtureRequest) -> GemModel:
+    """Models with the jagged path run in chunks of 64, 1, 2 and 3 blocks (CPU chunking)."""
+    changes, chunk_blocks = request.param
     torch.manual_seed(0)
-    return GemModel(tiny_config(**request.param)).eval()
+    model = GemModel(tiny_config(**changes)).eval()
+    model.cpu_chunk_blocks = chunk_blocks
+    return model
 
 
 @settings(max_examples=25, derandomize=True, deadline=None)

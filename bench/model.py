@@ -1,0 +1,254 @@
+"""GEM model: jagged block attention vs padded full attention, linear scaling, FLOP/s, skip, context.
+
+All in one run, each figure beside its baseline:
+1. tokens/s of the block-attention layer on jagged input vs the same layer as padded
+   full attention (``scaled_dot_product_attention`` with a padding mask), on a batch
+   whose histories average ~1,000 tokens with a tail to 16,000 (target >= 3x);
+2. forward time of the whole model for one user, 512 -> 65,536 tokens: log-log slope
+   (target <= 1.15; printed as 1.15 / slope) beside full attention's slope;
+3. achieved FLOP/s of a batched forward (torch's flop counter) over this machine's
+   fp32 matmul peak measured here with a large ``torch.mm`` (target >= 40%);
+4. component skip on vs off: forward FLOPs saved (target >= 40%) and the holdout AUC
+   it costs (target: at most 0.002), both models trained on the same generated world;
+5. max_len 256 vs 1,024 vs 4,096 on the same data: holdout AUC.
+The headline (1) is printed last. QUICK=1 shrinks every size (a few minutes: five
+trainings); one torch thread unless BENCH_THREADS says otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from functools import partial
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from bench.common import QUICK, WORK, generate, result
+from pipelines.model.attention import BlockAttention
+from pipelines.model.config import GemConfig
+from pipelines.model.gem import GemModel
+from pipelines.model.jagged import BlockLayout, lengths_to_offsets, to_padded_dense
+from pipelines.model.train import TrainConfig, train_model
+from tests.model.factories import random_batch
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _sync() -> None:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def best_time(fn: Callable[[], object], repeats: int) -> float:
+    """Fastest of ``repeats`` timed calls after one warm-up (noise on a shared machine is one-sided)."""
+    fn()
+    _sync()
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        _sync()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def skewed_lengths(users: int, mean: int = 1000, cap: int = 16_000, seed: int = 0) -> list[int]:
+    """Lognormal history lengths: one user at ``cap``, the rest scaled so the batch averages ``mean``."""
+    rng = np.random.default_rng(seed)
+    sigma = 1.2
+    rest = rng.lognormal(0.0, sigma, users - 1)
+    rest = rest * (mean * users - cap) / rest.sum()
+    lengths = np.clip(np.round(rest), 1, cap).astype(int).tolist()
+    return [cap, *lengths]
+
+
+def padded_full_attention(layer: BlockAttention, tokens: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """The baseline: the same layer's weights as full attention over the padded batch.
+
+    ``tokens: (L, D)`` -> ``(L, D)``; pads to ``(B, T_max, D)`` with a key padding mask.
+    """
+    padded, mask = to_padded_dense(tokens, offsets)
+    batch, width, d_model = padded.shape
+    q, k, v = (t.view(batch, width, layer.num_heads, layer.head_dim).transpose(1, 2)
+               for t in layer.qkv(layer.norm(padded)).chunk(3, dim=-1))
+    mixed = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
+    out = layer.ffn(padded + layer.out(mixed.transpose(1, 2).reshape(batch, width, d_model)))
+    return out[mask]
+
+
+def jagged_block_attention(layer: BlockAttention, tokens: torch.Tensor, offsets: torch.Tensor,
+                           summary: torch.Tensor, block_size: int) -> torch.Tensor:
+    """The project's path, as the model runs it (cache-sized chunks of 64 blocks on CPU)."""
+    max_blocks = 64 if DEVICE.type == "cpu" else None
+    return layer(tokens, BlockLayout.build(offsets, block_size), summary, max_blocks)
+
+
+def bench_attention(config: GemConfig) -> tuple[float, str]:
+    users, cap = (16, 4000) if QUICK else (32, 16_000)
+    lengths = skewed_lengths(users, cap=cap)
+    offsets = lengths_to_offsets(torch.tensor(lengths)).to(DEVICE)
+    torch.manual_seed(0)
+    layer = BlockAttention(config.d_model, config.num_heads, True, config.ffn_multiplier, 0.0).to(DEVICE).eval()
+    tokens = torch.randn(sum(lengths), config.d_model, device=DEVICE)
+    summary = torch.randn(users, config.num_seeds, config.d_model, device=DEVICE)
+    with torch.inference_mode():
+        jagged_s = best_time(lambda: jagged_block_attention(layer, tokens, offsets, summary, config.block_size), 3)
+        padded_s = best_time(lambda: padded_full_attention(layer, tokens, offsets), 1)
+    n = sum(lengths)
+    padded_slots = users * max(lengths)
+    print(f"[1] batch: {users} histories, {n} tokens (mean {n / users:.0f}, max {max(lengths)}); "
+          f"padded to {padded_slots} slots ({padded_slots / n:.1f}x)")
+    print(f"    jagged block attention ({config.block_size}-token blocks + previous + {config.num_seeds} summary "
+          f"keys): {jagged_s * 1e3:.1f} ms = {n / jagged_s / 1e3:.0f} k tokens/s")
+    print(f"    padded full attention (SDPA, padding mask): {padded_s * 1e3:.1f} ms = "
+          f"{n / padded_s / 1e3:.1f} k tokens/s")
+    return padded_s / jagged_s, f"{users} histories, mean {n / users:.0f}, max {max(lengths)} tokens"
+
+
+def _slope(lengths: list[int], seconds: list[float]) -> float:
+    return float(np.polyfit(np.log(lengths), np.log(seconds), 1)[0])
+
+
+def bench_scaling(config: GemConfig) -> tuple[float, float]:
+    torch.manual_seed(0)
+    model = GemModel(config).to(DEVICE).eval()
+    block_lengths = [512 * 2**i for i in range(8)]  # 512 .. 65,536
+    full_lengths = [512 * 2**i for i in range(4 if QUICK else 5)]  # 512 .. 4,096 / 8,192
+    block_s, full_s = [], []
+    layer = next(layer.local for layer in model._sequence_layers() if layer.local is not None)
+    with torch.inference_mode():
+        for n in block_lengths:
+            batch = random_batch([n], seed=n).to(DEVICE)
+            block_s.append(best_time(partial(model, batch), 3))
+        for n in full_lengths:
+            tokens = torch.randn(n, config.d_model, device=DEVICE)
+            offsets = torch.tensor([0, n], device=DEVICE)
+            full_s.append(best_time(partial(padded_full_attention, layer, tokens, offsets), 2))
+    print("[2] one user, whole model forward: " + ", ".join(
+        f"{n}: {s * 1e3:.1f} ms" for n, s in zip(block_lengths, block_s, strict=True)))
+    print("    one user, padded full attention layer: " + ", ".join(
+        f"{n}: {s * 1e3:.1f} ms" for n, s in zip(full_lengths, full_s, strict=True)))
+    upper = _slope(block_lengths[3:], block_s[3:])
+    print(f"    slope over 4,096..65,536 alone (fixed per-call costs no longer hide the growth): {upper:.3f}")
+    return _slope(block_lengths, block_s), _slope(full_lengths, full_s)
+
+
+def matmul_peak(n: int = 2048) -> float:
+    a, b = torch.randn(n, n, device=DEVICE), torch.randn(n, n, device=DEVICE)
+    return 2 * n**3 / best_time(lambda: a @ b, 5)
+
+
+def bench_flops(config: GemConfig) -> tuple[float, float, dict[int, float]]:
+    """Achieved FLOP/s of batched forwards at the trained width and at a serving width
+    (d_model 256), and the fp32 ``torch.mm`` peak measured alongside."""
+    lengths = skewed_lengths(16, mean=1000, cap=8000, seed=1)
+    batch = random_batch(lengths, seed=2).to(DEVICE)
+    peak = matmul_peak()
+    achieved = {}
+    for width in (config.d_model, 256):
+        torch.manual_seed(0)
+        model = GemModel(config.replace(d_model=width)).to(DEVICE).eval()
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            model(batch)
+        flops = counter.get_total_flops()
+        with torch.inference_mode():
+            seconds = best_time(partial(model, batch), 3)
+        achieved[width] = flops / seconds
+        print(f"[3] batched forward, d_model {width}: {batch.num_rows} rows, {batch.num_tokens} tokens, "
+              f"{flops / 1e9:.1f} GFLOP in {seconds * 1e3:.0f} ms = {flops / seconds / 1e9:.1f} GFLOP/s "
+              f"({batch.num_tokens / seconds / 1e3:.0f} k tokens/s) = {flops / seconds / peak:.0%} of peak")
+    print(f"    fp32 matmul peak (torch.mm 2048^2, {torch.get_num_threads()} thread(s)): {peak / 1e9:.1f} GFLOP/s")
+    return achieved[256], peak, achieved
+
+
+def features_dir(users: int, days: int) -> str:
+    root = WORK / f"model-{users}u-{days}d"
+    events = generate(users, days, root / "events.parquet")
+    out = root / "features"
+    if not (out / "summary.json").exists():
+        shutil.rmtree(out, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "pipelines", "features", "--input", str(events),
+                        "--output", str(out), "--overwrite"], check=True, stdout=subprocess.DEVNULL)
+    return str(out)
+
+
+def bench_quality(base: GemConfig) -> dict[str, dict]:
+    """Trainings on one generated world: component skip on/off (same budget), then
+    max_len 256 / 1,024 / 4,096 on a smaller budget (long contexts cost more per example)."""
+    data = features_dir(3000 if QUICK else 20000, 14)
+    # at a 2% click rate a holdout needs ~10k rows before AUC differences mean much
+    skip_tc = TrainConfig(epochs=1, max_examples=4000 if QUICK else 30000, max_holdout=8000 if QUICK else 30000,
+                          progress=False, seed=0)
+    context_tc = TrainConfig(epochs=1, max_examples=2000 if QUICK else 12000, max_holdout=4000 if QUICK else 10000,
+                             progress=False, seed=0)
+    runs = {"skip_on": (base, skip_tc), "skip_off": (base.replace(component_skip=False), skip_tc),
+            "max_len_256": (base.replace(max_len=256), context_tc),
+            "max_len_1024": (base.replace(max_len=1024), context_tc),
+            "max_len_4096": (base.replace(max_len=4096), context_tc)}
+    metrics = {}
+    for name, (config, tc) in runs.items():
+        started = time.perf_counter()
+        metrics[name] = train_model(data, WORK / "model-runs" / name, config, tc)
+        m = metrics[name]
+        print(f"[4/5] {name}: click AUC {m['model']['click']['auc']:.4f} NE {m['model']['click']['ne']:.4f} "
+              f"(baseline AUC {m['baseline']['click']['auc']:.4f} NE {m['baseline']['click']['ne']:.4f}), "
+              f"conversion AUC {m['model']['conversion']['auc']:.4f} NE {m['model']['conversion']['ne']:.4f} "
+              f"(baseline {m['baseline']['conversion']['auc']:.4f} / {m['baseline']['conversion']['ne']:.4f}); "
+              f"{len_note(m)} in {time.perf_counter() - started:.0f} s")
+    return metrics
+
+
+def len_note(m: dict) -> str:
+    return (f"{m['data']['train_examples']} examples (mean {m['data']['mean_train_prefix_tokens']:.0f} tokens), "
+            f"{m['data']['holdout_examples']} held out")
+
+
+def main() -> None:
+    # One thread by default: on a shared 2-core machine a second OpenMP thread mostly
+    # spin-waits; the peak is measured with the same setting, so ratios stay fair.
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
+    config = GemConfig(max_len=256)
+    print(f"device {DEVICE}, {torch.get_num_threads()} threads, QUICK={QUICK}, config d_model={config.d_model} "
+          f"heads={config.num_heads} layers={config.num_layers} block={config.block_size}")
+    speedup, shape = bench_attention(config)
+    slope, full_slope = bench_scaling(config)
+    achieved, peak, by_width = bench_flops(config)
+    metrics = bench_quality(config)
+    skip = metrics["skip_on"]["component_skip"]
+    auc = {name: m["model"]["click"]["auc"] for name, m in metrics.items()}
+    auc_lost = auc["skip_off"] - auc["skip_on"]
+    result("model_length_slope", 1.15 / slope, 1,
+           f"whole-model forward slope {slope:.3f} (one user, 512->65536 tokens) vs padded full attention "
+           f"layer {full_slope:.3f} (512->{4096 if QUICK else 8192})")
+    result("model_flops_utilization", achieved / peak, 0.40,
+           f"d_model 256: {achieved / 1e9:.1f} GFLOP/s achieved / {peak / 1e9:.1f} GFLOP/s fp32 torch.mm peak on "
+           f"{DEVICE} (d_model {config.d_model}: {by_width[config.d_model] / peak:.0%})")
+    result("model_skip_flops_saved", skip["flops_saved_fraction"], 0.40,
+           f"forward FLOPs/example {skip['flops_per_example_skip_off'] / 1e6:.2f}M -> "
+           f"{skip['flops_per_example_skip_on'] / 1e6:.2f}M with component skip")
+    result("model_skip_auc_cost", 0.002 / max(auc_lost, 1e-4), 1,
+           f"click AUC skip on {auc['skip_on']:.4f} vs off {auc['skip_off']:.4f} (lost {auc_lost:+.4f}; bound 0.002)")
+    result("model_context_length", auc["max_len_4096"] / auc["max_len_256"], 1,
+           f"click AUC max_len 256 {auc['max_len_256']:.4f}, 1024 {auc['max_len_1024']:.4f}, "
+           f"4096 {auc['max_len_4096']:.4f} (same examples)")
+    beat = metrics["skip_on"]
+    result("model_vs_baseline", beat["model"]["click"]["auc"] / beat["baseline"]["click"]["auc"], 1,
+           f"holdout click AUC model {beat['model']['click']['auc']:.4f} vs popularity+LR "
+           f"{beat['baseline']['click']['auc']:.4f}; NE {beat['model']['click']['ne']:.4f} vs "
+           f"{beat['baseline']['click']['ne']:.4f}")
+    result("model", speedup, 3, f"jagged block attention vs padded full attention, tokens/s ratio "
+           f"({shape}) on {DEVICE}")
+
+
+if __name__ == "__main__":
+    main()
