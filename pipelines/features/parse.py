@@ -103,6 +103,8 @@ def _value(obj: dict[str, Any]) -> float | None:
         return None
     if type(value) not in (int, float):
         raise Reject(reasons.WRONG_TYPE, f"value must be a number, got {type(value).__name__}")
+    if type(value) is int and abs(value) > FLOAT32_MAX:  # before isfinite: huge ints overflow float()
+        raise Reject(reasons.OUT_OF_RANGE, f"value {str(value)[:40]} overflows float32")
     if not math.isfinite(value):
         raise Reject(reasons.NON_FINITE, f"value {value} is not finite")
     if abs(value) > FLOAT32_MAX:

@@ -53,6 +53,7 @@ def test_valid_line_becomes_an_event_with_codes() -> None:
         (line()[:-1] + b', "value": Infinity}', reasons.NON_FINITE),
         (line()[:-1] + b', "value": 1e400}', reasons.NON_FINITE),
         (line(value=1e39), reasons.OUT_OF_RANGE),
+        (line()[:-1] + b', "value": 1' + b"0" * 400 + b"}", reasons.OUT_OF_RANGE),
         (line(value="3.5"), reasons.WRONG_TYPE),
         (line(advertiser_id=None), reasons.AD_WITHOUT_ADVERTISER),
         (line(is_ad=False), reasons.ORGANIC_WITH_ADVERTISER),
