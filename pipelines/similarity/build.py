@@ -55,7 +55,7 @@ class BuildSpec:
     seed: int = 0
     search_params: str | None = None
     recall_target: float = 0.95
-    tune_queries: int = 1_000
+    tune_queries: int = 500
     batch_size: int = ops.ADD_BATCH
 
     def __post_init__(self) -> None:

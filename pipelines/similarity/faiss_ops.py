@@ -33,7 +33,7 @@ GpuMode = Literal["auto", "off"]
 METRICS: dict[str, int] = {"ip": faiss.METRIC_INNER_PRODUCT, "l2": faiss.METRIC_L2}
 AUTO_FLAT_BELOW = 20_000
 ADD_BATCH = 65_536
-_TRAIN_POINTS_PER_LIST = 50
+_TRAIN_POINTS_PER_LIST = 40
 _MIN_TRAIN = 65_536
 
 __all__ = [
@@ -83,7 +83,7 @@ def nlist_of(index: Any) -> int | None:
 
 def train_size(index: Any, n: int, requested: int | None = None) -> int:
     """How many vectors to train on: 0 for indexes that need no training, else ``requested``
-    or enough for the index (50 per IVF list, at least 65,536), never more than ``n``."""
+    or enough for the index (40 per IVF list, at least 65,536), never more than ``n``."""
     if index.is_trained:
         return 0
     if requested is not None:

@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shards", type=int, default=1,
                         help="contiguous user ranges added in parallel by Beam workers (default: %(default)s)")
     parser.add_argument("--train-size", type=int, default=None,
-                        help="training sample size (default: 50 per IVF list, at least 65,536, at most all)")
+                        help="training sample size (default: 40 per IVF list, at least 65,536, at most all)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the training and tuning samples (default: 0)")
     parser.add_argument("--search-params", default=None,
                         help="fixed search parameters, e.g. nprobe=16 or efSearch=128 (default: tuned)")
