@@ -7,7 +7,8 @@
     target ad tokens ─ query the final history tokens ─► target-aware token (B, 1, D)
     target ad ─ hard search of the history (same item / advertiser / category, per event type) ─► match token
     summary + user rep + context + target ad (+ target-aware) tokens ─► MoE (FM/DCN) ─► pair rep (B, R)
-    pair rep, surface (FiLM) + <user rep, ad vector> + wide(prefix counts) ─► click, conversion logits (B,)
+    pair rep, surface (FiLM) + <user rep, ad vector> + wide(prefix counts) ─► click and
+    post-click conversion logits; p(conversion) = p(click) * p(conversion | click) (ESMM)
 """
 
 from __future__ import annotations
@@ -28,6 +29,19 @@ from pipelines.model.embed import NUM_CONTEXT_TOKENS, NUM_TARGET_TOKENS, TokenEm
 from pipelines.model.interaction import MixtureOfExperts
 from pipelines.model.jagged import BlockLayout, to_padded_dense
 from pipelines.model.match import NUM_MATCH_FEATURES, match_features
+
+
+def conversion_logit(click_logit: torch.Tensor, after_click_logit: torch.Tensor) -> torch.Tensor:
+    """Logit of ``p(click) * p(conversion | click)`` (ESMM, Ma et al. 2018): conversions
+    follow clicks, so the rare conversion task shares the click task's evidence.
+    ``(B,), (B,) -> (B,)``, computed in log space."""
+    log_p = F.logsigmoid(click_logit.float()) + F.logsigmoid(after_click_logit.float())
+    # log(1 - p) without cancellation: log(-expm1(x)) near 0, log1p(-exp(x)) far from it
+    # (each branch clamped to its own range so the unused one has finite gradients)
+    near = torch.log(-torch.expm1(log_p.clamp(-0.6931, -1e-7)))
+    far = torch.log1p(-torch.exp(log_p.clamp_max(-0.6931)))
+    log_not = torch.where(log_p > -0.6931, near, far)
+    return log_p - log_not
 
 
 def autocast_for(device: torch.device) -> AbstractContextManager[object]:
@@ -93,7 +107,7 @@ class GemModel(nn.Module):
             nn.Linear((c.num_seeds + NUM_CONTEXT_TOKENS) * c.d_model, 2 * r), nn.SiLU(), nn.Linear(2 * r, r))
         self.user_token = nn.Linear(r, c.d_model)
         self.target_attention = TargetAttention(c.d_model, c.num_heads) if c.target_attention else None
-        self.target_query = nn.Linear(NUM_TARGET_TOKENS * c.d_model, c.d_model)
+        self.target_query = nn.Linear(NUM_TARGET_TOKENS * c.d_model, c.d_model) if c.target_attention else None
         self.match_token = nn.Linear(NUM_MATCH_FEATURES, c.d_model) if c.target_match else None
         num_tokens = (c.num_seeds + 1 + NUM_CONTEXT_TOKENS + NUM_TARGET_TOKENS + int(c.target_attention)
                       + int(c.target_match))
@@ -130,8 +144,9 @@ class GemModel(nn.Module):
             if layer.summarize is not None:
                 summary = layer.summarize(tokens, layout)
         assert summary is not None  # the last layer is always global
-        targeted = (None if self.target_attention is None
-                    else self.target_attention(tokens, offsets, self.target_query(target.flatten(1))))
+        targeted = None
+        if self.target_attention is not None and self.target_query is not None:
+            targeted = self.target_attention(tokens, offsets, self.target_query(target.flatten(1)))
         return summary, targeted
 
     def encode_sequence_reference(self, tokens: torch.Tensor, offsets: torch.Tensor, target: torch.Tensor
@@ -145,8 +160,9 @@ class GemModel(nn.Module):
             if layer.summarize is not None:
                 summary = layer.summarize.reference(padded, mask)
         assert summary is not None
-        targeted = (None if self.target_attention is None
-                    else self.target_attention.reference(padded, mask, self.target_query(target.flatten(1))))
+        targeted = None
+        if self.target_attention is not None and self.target_query is not None:
+            targeted = self.target_attention.reference(padded, mask, self.target_query(target.flatten(1)))
         return summary, targeted
 
     # ---- full model -------------------------------------------------------------------
@@ -172,13 +188,16 @@ class GemModel(nn.Module):
         ad = F.normalize(self.ad_vector(target.flatten(1)), dim=-1)
         logits = (self.task_mlp(pair * (1 + gamma) + beta) + self.surface_bias(surface) + self.wide(dense)
                   + self.dot_scale * (user * ad).sum(-1, keepdim=True))
-        return GemOutput(logits[:, 0], logits[:, 1], user, pair, self.moe.aux_loss)
+        click, after_click = logits[:, 0], logits[:, 1]
+        return GemOutput(click, conversion_logit(click, after_click), user, pair, self.moe.aux_loss)
 
     @torch.no_grad()
     def init_output_bias(self, click_rate: float, conversion_rate: float) -> None:
-        """Start each head at its base rate (logit of the training labels' mean), so the
-        first steps are not spent moving a bias from 0.5 to a 2% click rate."""
-        rates = torch.tensor([click_rate, conversion_rate]).clamp(1e-5, 1 - 1e-5)
+        """Start each head at its base rate (logit of the training labels' mean, the
+        conversion head at conversions per click), so the first steps are not spent
+        moving a bias from 0.5 to a 2% click rate."""
+        after_click = conversion_rate / max(click_rate, 1e-9)
+        rates = torch.tensor([click_rate, after_click]).clamp(1e-5, 1 - 1e-5)
         last = cast(nn.Linear, self.task_mlp[-1])
         last.bias.copy_(torch.log(rates / (1 - rates)))
 

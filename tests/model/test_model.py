@@ -114,3 +114,14 @@ def test_bf16_autocast_runs_forward_and_backward() -> None:
     with torch.no_grad():
         reference = model(batch)
     torch.testing.assert_close(out.click_logit.float(), reference.click_logit, atol=0.05, rtol=0.05)
+
+
+def test_conversion_probability_is_click_times_conversion_after_click() -> None:
+    from pipelines.model.gem import conversion_logit
+
+    click = torch.tensor([-20.0, -3.0, 0.0, 3.0, 20.0], requires_grad=True)
+    after = torch.tensor([-20.0, -2.0, 0.0, 5.0, 20.0])
+    logit = conversion_logit(click, after)
+    torch.testing.assert_close(torch.sigmoid(logit), torch.sigmoid(click) * torch.sigmoid(after))
+    logit.sum().backward()
+    assert click.grad is not None and torch.isfinite(click.grad).all()

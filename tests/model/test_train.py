@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pipelines.cli import main
+from pipelines.model.batch import HistoryIndex, build_user_batch
 from pipelines.model.checkpoint import load_model
+from pipelines.model.data import load_features
 from pipelines.model.toyworld import ToyWorld, make_world, write_features_dir
 from pipelines.model.train import TrainConfig, train_model
 from tests.model.factories import tiny_config
@@ -54,6 +59,24 @@ def test_cli_trains_end_to_end(features_dir: Path, tmp_path: Path, capsys: pytes
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["data"]["train_examples"] == 400 and metrics["training"]["seed"] == 1
     assert "saved" in capsys.readouterr().out
+    # the inference contract the precompute stage relies on
+    model = load_model(out, device="cpu")
+    histories, _ = load_features(features_dir)
+    index = HistoryIndex(histories)
+    reps = model.represent(build_user_batch(index, max_len=model.config.max_len))
+    assert reps.user_embedding.shape == (histories.num_rows, 64)
+    assert np.allclose(np.linalg.norm(reps.user_embedding, axis=1), 1.0, atol=1e-5)
+    assert np.all((reps.p_click > 0) & (reps.p_click < 1)) and np.all(reps.ad_id == -1)
+
+
+@pytest.mark.integration
+def test_python_dash_m_pipelines_train(features_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "model"
+    proc = subprocess.run([sys.executable, "-m", "pipelines", "train", "--data", str(features_dir), "--output",
+                           str(out), "--max-examples", "200", "--max-holdout", "200", "--layers", "2",
+                           "--d-model", "16"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((out / "metrics.json").read_text())["model"]["click"]["count"] > 0
 
 
 @pytest.mark.parametrize(("flags", "message"), [
