@@ -12,6 +12,8 @@ import json
 import logging
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from pipelines.model.baseline import CountBaseline
-from pipelines.model.batch import ExampleSet, HistoryIndex
+from pipelines.model.batch import ExampleSet, GemBatch, HistoryIndex
 from pipelines.model.checkpoint import resolve_device, save_checkpoint
 from pipelines.model.config import GemConfig
 from pipelines.model.data import load_features, sample_rows, split_by_time
@@ -69,7 +71,17 @@ class TrainConfig:
 def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
     np.random.seed(seed % 2**32)
+
+
+@contextmanager
+def deterministic() -> Iterator[None]:
+    """Deterministic kernels (warning where none exists) for the duration of a run only."""
+    before = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before)
 
 
 def _batches(n: int, batch_size: int, rng: np.random.Generator | None) -> list[np.ndarray]:
@@ -77,7 +89,8 @@ def _batches(n: int, batch_size: int, rng: np.random.Generator | None) -> list[n
     return [order[i:i + batch_size] for i in range(0, n, batch_size)]
 
 
-def _loss(model: GemModel, batch: Any, tc: TrainConfig) -> torch.Tensor:
+def _loss(model: GemModel, batch: GemBatch, tc: TrainConfig) -> torch.Tensor:
+    assert batch.clicked is not None and batch.converted is not None, "training batches carry labels"
     out = model(batch)
     click = F.binary_cross_entropy_with_logits(out.click_logit, batch.clicked)
     conversion = F.binary_cross_entropy_with_logits(out.conversion_logit, batch.converted)
@@ -220,7 +233,14 @@ def _comparison(model: dict[str, dict[str, float]], baseline: dict[str, dict[str
 def train_model(data_dir: str | Path, output_dir: str | Path, model_config: GemConfig,
                 tc: TrainConfig) -> dict[str, Any]:
     """Train on a features folder, evaluate model and baseline on the last-day holdout,
-    save ``model.pt`` and ``metrics.json`` in ``output_dir``; returns the metrics."""
+    save ``model.pt`` and ``metrics.json`` in ``output_dir``; returns the metrics.
+    Deterministic for ``tc.seed`` (same device and thread count)."""
+    with deterministic():
+        return _train_model(data_dir, output_dir, model_config, tc)
+
+
+def _train_model(data_dir: str | Path, output_dir: str | Path, model_config: GemConfig,
+                 tc: TrainConfig) -> dict[str, Any]:
     clock = {"start": time.monotonic()}
     device = resolve_device(tc.device)
     data = _prepare(data_dir, tc, model_config.max_len)
