@@ -17,8 +17,8 @@ Then the real :class:`Resolver` answers every hidden pair, once with the normal 
 hidden exact representation: cosine, and the click AUC of the model's click head fed
 the fallback vs the exact representation vs none (the mean pair representation), as
 the share of the exact representation's AUC gain kept. Head ``pair``: the part of the
-click head that reads the pair representation; head ``full``: plus the model's
-user·ad term with the user's own user representation, held equal across variants.
+click head that reads the pair representation; head ``full``: the whole click head
+(plus the model's user·ad term) fed what serving has on each path (see ``_quality``).
 """
 
 from __future__ import annotations
@@ -178,25 +178,44 @@ def _resolve_hidden(resolver: Resolver, world: _World) -> tuple[np.ndarray, np.n
     return paths, emb
 
 
+def _stored_user_reps(world: _World, users: np.ndarray) -> np.ndarray:
+    """The user-level representation the store holds for each of ``users`` (zeros where none)."""
+    table = world.user_vectors
+    pos = np.minimum(np.searchsorted(table.user_id, users), max(len(table) - 1, 0))
+    hit = table.user_id[pos] == users if len(table) else np.zeros(len(users), bool)
+    return np.where(hit[:, None], table.vectors[pos], 0.0).astype(np.float32)
+
+
 def _quality(world: _World, model: GemModel, paths: np.ndarray, emb: np.ndarray, code: int, prior: np.ndarray,
              seed: int) -> dict[str, Any]:
+    """Cosine and AUC gain of the pairs answered by ``code``. Head ``pair``: the pair representation
+    alone. Head ``full``: the whole click head fed what serving has on that path (exact: the exact pair
+    and user representations; same-user paths: the fallback (or mean) pair and the stored user-level
+    representation; similar users: the blend and no user representation, since the policy reaches that
+    path only without a usable one; none: the mean pair and no user representation)."""
     h = np.flatnonzero(world.hidden)
     sel = paths == code
     rows = h[sel]
     out: dict[str, Any] = {"share_of_hidden": float(sel.mean()) if len(sel) else float("nan"), "count": int(sel.sum())}
-    if code == FallbackPath.SAME_USER or not len(rows):
-        return out  # a user-level representation lives in the user space: no pair head, no cosine to a pair
+    if not len(rows):
+        return out
     true = world.exact.pair[rows]
-    cos = cosine_rows(emb[sel], true)
-    out["cosine_mean"], out["cosine_median"] = float(np.nanmean(cos)), float(np.nanmedian(cos))
-    out["cosine_none_mean"] = float(np.nanmean(cosine_rows(np.broadcast_to(prior, true.shape), true)))
-    surface, labels = world.q.surface[rows], world.clicked[rows]
     none = np.broadcast_to(prior, true.shape)
-    for head, (u, a) in {"pair": (None, None), "full": (world.exact.user[rows], world.exact.ad[rows])}.items():
-        def score(p: np.ndarray, u: np.ndarray | None = u, a: np.ndarray | None = a) -> np.ndarray:
-            return click_logits(model, p, surface, u, a)
+    surface, labels, ad = world.q.surface[rows], world.clicked[rows], world.exact.ad[rows]
 
-        out[f"head_{head}"] = gain_table(labels, score(true), score(emb[sel]), score(none), seed=seed)
+    def score(pair: np.ndarray, user: np.ndarray | None) -> np.ndarray:
+        return click_logits(model, pair, surface, user, None if user is None else ad)
+
+    stored = _stored_user_reps(world, world.q.user_id[rows])
+    if code != FallbackPath.SAME_USER:  # a user-level representation is not in the pair space
+        cos = cosine_rows(emb[sel], true)
+        out["cosine_mean"], out["cosine_median"] = float(np.nanmean(cos)), float(np.nanmedian(cos))
+        out["cosine_none_mean"] = float(np.nanmean(cosine_rows(none, true)))
+        out["head_pair"] = gain_table(labels, score(true, None), score(emb[sel], None), score(none, None), seed=seed)
+    fallback = {FallbackPath.SAME_USER_PAIR: (emb[sel], stored), FallbackPath.SAME_USER: (none, stored),
+                FallbackPath.SIMILAR_USERS: (emb[sel], None)}.get(FallbackPath(code), (none, None))
+    out["head_full"] = gain_table(labels, score(true, world.exact.user[rows]), score(*fallback), score(none, None),
+                                  seed=seed)
     return out
 
 

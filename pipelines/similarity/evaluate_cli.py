@@ -9,7 +9,10 @@ and resolves every hidden pair with the real resolver: with the normal policy an
 with each fallback path alone. Prints, per path: its share of hidden pairs, cosine to
 the hidden exact representation, and the holdout click AUC of the model's click head
 fed the fallback vs the exact representation vs none (the mean pair representation),
-with the share of the exact representation's gain kept (90% bootstrap interval).
+with the share of the exact representation's gain kept (90% bootstrap interval): head
+"pair" reads the pair representation alone; head "full" is the whole click head fed
+what serving has on that path (the stored user-level representation on the same-user
+paths, none on the similar-users path, which the policy reaches only without one).
 With --candidates, the generator's candidate requests are replayed in time order
 (each request's pairs stored as precompute would; the last day resolved) for the
 path mix of a realistic stream. With --truth (the generator's X.truth folder): the share of each user's k neighbours

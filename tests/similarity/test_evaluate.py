@@ -67,6 +67,8 @@ def test_evaluate_fallback_reports_every_path(world: Path, capsys: pytest.Captur
     for head in ("head_pair", "head_full"):
         assert {"auc_exact", "auc_fallback", "auc_none", "gain_kept"} <= set(alone[head])
     assert report["same_user_pair"]["same_user_pair"]["share_of_hidden"] == 1.0  # every hidden pair has its day-old
+    level = report["same_user"]["same_user"]
+    assert "head_full" in level and "head_pair" not in level and "cosine_mean" not in level
     stream = report["stream"]["pairs_only"]
     assert stream["requests"] > 0 and sum(stream["mix"].values()) == stream["candidates"]
     assert stream["mix"]["same_user"] == 0
