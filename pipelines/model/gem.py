@@ -7,8 +7,8 @@
     target ad tokens ─ query the final history tokens ─► target-aware token (B, 1, D)
     target ad ─ hard search of the history (same item / advertiser / category, per event type) ─► match token
     summary + user rep + context + target ad (+ target-aware) tokens ─► MoE (FM/DCN) ─► pair rep (B, R)
-    pair rep, surface (FiLM) + <user rep, ad vector> + wide(prefix counts) ─► click and
-    post-click conversion logits; p(conversion) = p(click) * p(conversion | click) (ESMM)
+    pair rep, surface (FiLM) + <user rep, ad vector> + wide(counts, is_ad, matches) ─► click and
+    conversion logits (or, with ``esmm``, p(conversion) = p(click) * p(conversion | click))
 """
 
 from __future__ import annotations
@@ -119,8 +119,8 @@ class GemModel(nn.Module):
         self.task_mlp = nn.Sequential(nn.Linear(r, r), nn.SiLU(), nn.Linear(r, 2))
         self.surface_bias = nn.Embedding(c.num_surfaces + 1, 2)
         nn.init.zeros_(self.surface_bias.weight)
-        wide = NUM_COUNT_FEATURES + (NUM_MATCH_FEATURES if c.target_match else 0)
-        self.wide = nn.Linear(wide, 2, bias=False)  # wide part: dense features straight to the logits
+        wide = NUM_COUNT_FEATURES + 1 + (NUM_MATCH_FEATURES if c.target_match else 0)
+        self.wide = nn.Linear(wide, 2, bias=False)  # wide part: counts, is_ad, matches straight to the logits
         nn.init.zeros_(self.wide.weight)
         self.dot_scale = nn.Parameter(torch.full((2,), 2.0))
         self.model_version = f"untrained-{c.fingerprint()}"
@@ -174,7 +174,7 @@ class GemModel(nn.Module):
         context = self.embed.context(batch)  # (B, 4, D)
         user = F.normalize(self.user_head(torch.cat([summary, context], 1).flatten(1)), dim=-1)
         parts = [summary, self.user_token(user)[:, None], context, target]
-        dense = batch.counts
+        dense = torch.cat([batch.counts, batch.target_is_ad[:, None].to(batch.counts.dtype)], dim=1)
         if targeted is not None:
             parts.append(targeted)
         if self.match_token is not None:
@@ -188,16 +188,17 @@ class GemModel(nn.Module):
         ad = F.normalize(self.ad_vector(target.flatten(1)), dim=-1)
         logits = (self.task_mlp(pair * (1 + gamma) + beta) + self.surface_bias(surface) + self.wide(dense)
                   + self.dot_scale * (user * ad).sum(-1, keepdim=True))
-        click, after_click = logits[:, 0], logits[:, 1]
-        return GemOutput(click, conversion_logit(click, after_click), user, pair, self.moe.aux_loss)
+        click, second = logits[:, 0], logits[:, 1]
+        conversion = conversion_logit(click, second) if c.esmm else second
+        return GemOutput(click, conversion, user, pair, self.moe.aux_loss)
 
     @torch.no_grad()
     def init_output_bias(self, click_rate: float, conversion_rate: float) -> None:
         """Start each head at its base rate (logit of the training labels' mean, the
         conversion head at conversions per click), so the first steps are not spent
         moving a bias from 0.5 to a 2% click rate."""
-        after_click = conversion_rate / max(click_rate, 1e-9)
-        rates = torch.tensor([click_rate, after_click]).clamp(1e-5, 1 - 1e-5)
+        second = conversion_rate / max(click_rate, 1e-9) if self.config.esmm else conversion_rate
+        rates = torch.tensor([click_rate, second]).clamp(1e-5, 1 - 1e-5)
         last = cast(nn.Linear, self.task_mlp[-1])
         last.bias.copy_(torch.log(rates / (1 - rates)))
 
