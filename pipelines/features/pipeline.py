@@ -7,7 +7,6 @@ validates the configuration before any work, runs it and checks the counters
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Sequence
@@ -15,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.errors import ConfigError, PipelinesError
@@ -31,12 +29,13 @@ from pipelines.features.transforms import (
     WriteSummary,
     sum_counts,
 )
-from pipelines.io.files import check_writable, expand_inputs, splits_of
+from pipelines.io.files import expand_inputs, join, match_files, prepare_output, read_summary, splits_of
 from schemas.layouts import HISTORY
 
 log = logging.getLogger(__name__)
 
 MAX_HISTORY_LIMIT = 1 << 20
+OUTPUT_SUBDIRS = ("histories", "training_examples", "dead_letters")
 
 
 @dataclass(frozen=True)
@@ -66,25 +65,11 @@ class FeaturesConfig:
 def previous_files(previous: str | None) -> list[str]:
     if not previous:
         return []
-    pattern = f"{previous.rstrip('/')}/histories/*/*.parquet"
-    files = sorted(m.path for r in FileSystems.match([pattern]) for m in r.metadata_list)
+    files = match_files(join(previous, "histories", "*", "*.parquet"))
     if not files:
         raise ConfigError("--previous", f"{previous!r} holds no histories/*/*.parquet",
                           "point it at the --output folder of an earlier features run")
     return files
-
-
-def _check_output(config: FeaturesConfig) -> None:
-    summary = f"{config.output.rstrip('/')}/summary.json"
-    if FileSystems.exists(summary) and not config.overwrite:
-        raise ConfigError("--output", f"{config.output!r} already holds a features snapshot",
-                          "pass --overwrite or choose a new folder")
-    check_writable(config.output)
-    if config.overwrite:
-        for sub in ("histories", "training_examples", "dead_letters"):
-            path = f"{config.output.rstrip('/')}/{sub}"
-            if FileSystems.exists(path):
-                FileSystems.delete([path])
 
 
 def build_features(p: beam.Pipeline, config: FeaturesConfig, splits: Sequence, previous: Sequence[str],
@@ -122,14 +107,13 @@ def run_features(config: FeaturesConfig, options: PipelineOptions, runner: objec
     """
     paths = expand_inputs(config.inputs) if source is None else []
     previous = previous_files(config.previous)
-    _check_output(config)
+    prepare_output(config.output, OUTPUT_SUBDIRS, overwrite=config.overwrite, holds="a features snapshot")
     splits = splits_of(paths)
     log.info("features: %d file(s), %d split(s), %d previous file(s)", len(paths), len(splits), len(previous))
     started = time.perf_counter()
     with beam.Pipeline(runner=runner, options=options) as p:  # type: ignore[arg-type]
         build_features(p, config, splits, previous, source)
-    with FileSystems.open(f"{config.output.rstrip('/')}/summary.json") as f:
-        summary = json.loads(f.read())
+    summary = read_summary(config.output)
     summary["seconds"] = round(time.perf_counter() - started, 3)
     check_balance(summary)
     return summary

@@ -24,18 +24,18 @@ from pipelines.features.parse import parse_json_lines
 from pipelines.features.sharding import split_by_shard
 from pipelines.features.validate import validate_event_table
 from pipelines.io import arrow_coder  # noqa: F401 - registers the pa.Table coder
-from pipelines.io.files import Split, read_line_batches, read_row_group
+from pipelines.io.files import SUMMARY, Split, join, read_line_batches, read_row_group
 from pipelines.io.parquet import read_table, write_table
-from schemas.layouts import DEAD_LETTER, HISTORY, TRAINING_EXAMPLE
+from schemas.layouts import DEAD_LETTER, EVENT, HISTORY, TRAINING_EXAMPLE
 
-__all__ = ["BuildHistories", "ReadEvents", "WriteDeadLetters", "WriteSummary"]
+__all__ = ["BuildHistories", "GroupByShard", "ReadEvents", "WriteDeadLetters", "WriteSummary"]
 
 NAMESPACE = "features"
 EVENTS, DEAD, COUNTS = "events", "dead_letters", "counts"
 
 
 def shard_path(root: str, kind: str, shard: int) -> str:
-    return f"{root.rstrip('/')}/{kind}/shard={shard:05d}/part-00000.parquet"
+    return join(root, kind, f"shard={shard:05d}", "part-00000.parquet")
 
 
 class _ReadSplitFn(beam.DoFn):
@@ -93,10 +93,6 @@ class ReadEvents(beam.PTransform):
         )
 
 
-def _keyed_by_shard(table: pa.Table, num_shards: int) -> Iterator[tuple[int, pa.Table]]:
-    yield from split_by_shard(table, num_shards)
-
-
 def _max_event_ms(table: pa.Table) -> int:
     if table.num_rows == 0:
         return 0
@@ -127,7 +123,7 @@ class _BuildShardFn(beam.DoFn):
     def process(self, element: tuple[int, Iterable[pa.Table]], counts: dict[str, int]) -> Iterator[dict]:
         shard, tables = element
         tables = list(tables)
-        events = _concat(t for t in tables if not _is_history(t)) or _empty_events()
+        events = _concat(t for t in tables if not _is_history(t)) or EVENT.schema.empty_table()
         previous = _concat(t for t in tables if _is_history(t))
         watermark_ms = counts.get("max.event_time_ms", 0)
         build = build_histories(events, previous, max_history=self._max_history,
@@ -147,10 +143,15 @@ class _BuildShardFn(beam.DoFn):
         }
 
 
-def _empty_events() -> pa.Table:
-    from schemas.layouts import EVENT
+class GroupByShard(beam.PTransform):
+    """Several PCollections of (shard, pa.Table) → (shard, [tables]) in one shuffle (Arrow coder)."""
 
-    return EVENT.schema.empty_table()
+    def expand(self, keyed: tuple[beam.PCollection, ...]) -> beam.PCollection:
+        return (
+            keyed
+            | "Flatten" >> beam.Flatten().with_output_types(tuple[int, pa.Table])
+            | "GroupByKey" >> beam.GroupByKey()
+        )
 
 
 class BuildHistories(beam.PTransform):
@@ -181,8 +182,7 @@ class BuildHistories(beam.PTransform):
         )
         return (
             (keyed_events, previous)
-            | "Both" >> beam.Flatten().with_output_types(tuple[int, pa.Table])
-            | "GroupByShard" >> beam.GroupByKey()
+            | "GroupByShard" >> GroupByShard()
             | "Build" >> beam.ParDo(_BuildShardFn(self._output, self._max_history, self._windows), self._counts)
         )
 
@@ -192,7 +192,7 @@ class WriteDeadLetters(beam.PTransform):
 
     def __init__(self, output: str) -> None:
         super().__init__()
-        self._path = f"{output.rstrip('/')}/dead_letters/part-00000.parquet"
+        self._path = join(output, "dead_letters", "part-00000.parquet")
 
     def expand(self, dead: beam.PCollection) -> beam.PCollection:
         return (
@@ -221,7 +221,7 @@ class WriteSummary(beam.PTransform):
 
     def __init__(self, output: str, extra: dict[str, Any]) -> None:
         super().__init__()
-        self._path = f"{output.rstrip('/')}/summary.json"
+        self._path = join(output, SUMMARY)
         self._extra = extra
 
     def expand(self, counts: beam.PCollection) -> beam.PCollection:

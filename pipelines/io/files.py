@@ -5,6 +5,7 @@ All paths go through Beam's ``FileSystems`` (local, ``gs://``, ...).
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -87,6 +88,37 @@ def read_line_batches(path: str, batch_size: int) -> Iterator[tuple[list[bytes],
                 lines, sources = [], []
     if lines:
         yield lines, sources
+
+
+SUMMARY = "summary.json"
+
+
+def join(root: str, *parts: str) -> str:
+    """``root/part/...`` for local paths and URIs alike."""
+    return "/".join([root.rstrip("/"), *parts])
+
+
+def match_files(pattern: str) -> list[str]:
+    """Every file matching ``pattern``, sorted (empty when none)."""
+    return sorted(m.path for r in FileSystems.match([pattern]) for m in r.metadata_list)
+
+
+def read_summary(directory: str) -> dict:
+    """The ``summary.json`` a pipeline wrote into ``directory``."""
+    with FileSystems.open(join(directory, SUMMARY)) as f:
+        return dict(json.loads(f.read()))
+
+
+def prepare_output(directory: str, subdirs: Sequence[str], *, overwrite: bool, holds: str) -> None:
+    """Refuse a folder that already holds a run's ``summary.json`` unless ``overwrite``; prove it is
+    writable; with ``overwrite`` remove the ``subdirs`` the run is about to write again."""
+    if FileSystems.exists(join(directory, SUMMARY)) and not overwrite:
+        raise ConfigError("--output", f"{directory!r} already holds {holds}", "pass --overwrite or choose a new folder")
+    check_writable(directory)
+    if overwrite:
+        stale = [join(directory, sub) for sub in subdirs if FileSystems.exists(join(directory, sub))]
+        if stale:
+            FileSystems.delete(stale)
 
 
 def check_writable(directory: str, flag: str = "--output") -> None:

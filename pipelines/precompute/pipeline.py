@@ -8,7 +8,6 @@ prove pairs in = pairs out + pairs in dead letters.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -20,8 +19,8 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.errors import ConfigError, PipelinesError
-from pipelines.features.transforms import WriteDeadLetters, WriteSummary, sum_counts
-from pipelines.io.files import check_writable, expand_inputs, splits_of
+from pipelines.features.transforms import WriteDeadLetters, WriteSummary
+from pipelines.io.files import SUMMARY, expand_inputs, join, match_files, prepare_output, read_summary, splits_of
 from pipelines.precompute.handler import Batching, GemModelHandler
 from pipelines.precompute.transforms import (
     COUNTS,
@@ -71,12 +70,10 @@ class _Resolved:
 
 
 def _features_summary(features: str) -> dict[str, Any]:
-    path = f"{features.rstrip('/')}/summary.json"
-    if not FileSystems.exists(path):
-        raise ConfigError("--features", f"{features!r} has no summary.json",
+    if not FileSystems.exists(join(features, SUMMARY)):
+        raise ConfigError("--features", f"{features!r} has no {SUMMARY}",
                           "point it at the --output folder of `python -m pipelines features`")
-    with FileSystems.open(path) as f:
-        return dict(json.loads(f.read()))
+    return read_summary(features)
 
 
 def _watermark(history_files: Sequence[str]) -> int | None:
@@ -94,8 +91,7 @@ def _resolve(config: PrecomputeConfig) -> _Resolved:
     from pipelines.model.checkpoint import CheckpointError, load_model
 
     summary = _features_summary(config.features)
-    pattern = f"{config.features.rstrip('/')}/histories/*/*.parquet"
-    files = sorted(m.path for r in FileSystems.match([pattern]) for m in r.metadata_list)
+    files = match_files(join(config.features, "histories", "*", "*.parquet"))
     try:
         model = load_model(config.model, device="cpu")
     except (CheckpointError, FileNotFoundError) as exc:
@@ -103,18 +99,6 @@ def _resolve(config: PrecomputeConfig) -> _Resolved:
             from exc
     return _Resolved(int(summary["num_shards"]), _watermark(files), files, model.model_version,
                      model.config.max_len)
-
-
-def _check_output(config: PrecomputeConfig) -> None:
-    if FileSystems.exists(f"{config.output.rstrip('/')}/summary.json") and not config.overwrite:
-        raise ConfigError("--output", f"{config.output!r} already holds representations",
-                          "pass --overwrite or choose a new folder")
-    check_writable(config.output)
-    if config.overwrite:
-        for sub in ("representations", "dead_letters"):
-            path = f"{config.output.rstrip('/')}/{sub}"
-            if FileSystems.exists(path):
-                FileSystems.delete([path])
 
 
 def build_precompute(p: beam.Pipeline, config: PrecomputeConfig, resolved: _Resolved, splits: Sequence,
@@ -146,12 +130,12 @@ def run_precompute(config: PrecomputeConfig, options: PipelineOptions, runner: o
     """Validate, run, and return the summary (also written to ``<output>/summary.json``)."""
     resolved = _resolve(config)
     splits = splits_of(expand_inputs(config.candidates, "--candidates"))
-    _check_output(config)
+    prepare_output(config.output, ("representations", "dead_letters"), overwrite=config.overwrite,
+                   holds="representations")
     started = time.perf_counter()
     with beam.Pipeline(runner=runner, options=options) as p:  # type: ignore[arg-type]
         build_precompute(p, config, resolved, splits, int(clock() * 1000))
-    with FileSystems.open(f"{config.output.rstrip('/')}/summary.json") as f:
-        summary = dict(json.loads(f.read()))
+    summary = read_summary(config.output)
     summary["seconds"] = round(time.perf_counter() - started, 3)
     _check_balance(summary)
     return summary
@@ -164,4 +148,4 @@ def _check_balance(summary: dict) -> None:
         raise PipelinesError(f"pair balance broken: {summary.get('pairs_in', 0)} in, {out} accounted")
 
 
-__all__ = ["PrecomputeConfig", "build_precompute", "run_precompute", "sum_counts"]
+__all__ = ["PrecomputeConfig", "build_precompute", "run_precompute"]

@@ -15,7 +15,7 @@ from apache_beam.pvalue import TaggedOutput
 
 from pipelines.features.parse import dead_letter_table
 from pipelines.features.sharding import split_by_shard
-from pipelines.features.transforms import shard_path
+from pipelines.features.transforms import GroupByShard, shard_path
 from pipelines.io import arrow_coder  # noqa: F401 - registers the pa.Table coder
 from pipelines.io.files import Split, read_row_group
 from pipelines.io.parquet import read_table, write_table
@@ -107,12 +107,12 @@ class PrepareRequests(beam.PTransform):
         self._num_shards, self._max_len, self._all_users = num_shards, max_len, all_users
 
     def expand(self, keyed: beam.PCollection) -> beam.PCollection:
-        every_shard = keyed.pipeline | "AllShards" >> beam.Create(
-            [(s, pa.table({})) for s in range(self._num_shards)]).with_output_types(tuple[int, pa.Table])
+        # With --all-users every shard needs a turn, candidates or not: an empty table per shard.
+        placeholders = [(s, pa.table({})) for s in range(self._num_shards)] if self._all_users else []
+        every_shard = keyed.pipeline | "AllShards" >> beam.Create(placeholders).with_output_types(tuple[int, pa.Table])
         return (
             (keyed, every_shard)
-            | "WithEveryShard" >> beam.Flatten().with_output_types(tuple[int, pa.Table])
-            | "GroupByShard" >> beam.GroupByKey()
+            | "GroupByShard" >> GroupByShard()
             | "Prepare" >> beam.ParDo(_PrepareFn(self._features, self._max_len, self._all_users), self._catalog)
         )
 
