@@ -30,13 +30,25 @@ class Layout:
     name: str
     version: int
     schema: pa.Schema
+    #: A fixed-size list column whose size a file may choose (the representation's embedding dim).
+    sized_by: str | None = None
 
-    def with_metadata(self) -> pa.Schema:
-        """The schema with the layout name and version in its metadata."""
-        meta = dict(self.schema.metadata or {})
+    def schema_for(self, data: pa.Schema) -> pa.Schema:
+        """The layout's schema for data shaped like ``data``: a ``sized_by`` column keeps its size."""
+        if self.sized_by is None or self.sized_by not in data.names:
+            return self.schema
+        size = data.field(self.sized_by).type.list_size
+        index = self.schema.get_field_index(self.sized_by)
+        field = self.schema.field(index)
+        return self.schema.set(index, field.with_type(pa.list_(field.type.value_type, size)))
+
+    def with_metadata(self, schema: pa.Schema | None = None) -> pa.Schema:
+        """``schema`` (default: the layout's) with the layout name and version in its metadata."""
+        schema = self.schema if schema is None else schema
+        meta = dict(schema.metadata or {})
         meta[NAME_KEY] = self.name.encode()
         meta[VERSION_KEY] = str(self.version).encode()
-        return self.schema.with_metadata(meta)
+        return schema.with_metadata(meta)
 
     def fingerprint(self) -> str:
         """A digest of the field names, types and nullability (not metadata)."""
@@ -154,7 +166,7 @@ def representation_schema(dim: int = DEFAULT_EMBEDDING_DIM) -> pa.Schema:
     )
 
 
-REPRESENTATION = Layout("representation", 1, representation_schema())
+REPRESENTATION = Layout("representation", 1, representation_schema(), sized_by="embedding")
 
 DEAD_LETTER = Layout(
     "dead_letter",

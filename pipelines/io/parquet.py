@@ -20,14 +20,7 @@ def conform(table: pa.Table, layout: Layout) -> pa.Table:
     if missing:
         raise LayoutError(f"{layout.name} table lacks columns {missing}")
     table = table.select(layout.schema.names)
-    target = layout.with_metadata() if layout.name != "representation" else _with_meta(table, layout)
-    return table.cast(target)
-
-
-def _with_meta(table: pa.Table, layout: Layout) -> pa.Schema:
-    # Representations carry their own embedding dim; keep the table's types.
-    meta = {b"gem.layout": layout.name.encode(), b"gem.layout_version": str(layout.version).encode()}
-    return table.schema.with_metadata(meta)
+    return table.cast(layout.with_metadata(layout.schema_for(table.schema)))
 
 
 def write_table(table: pa.Table, path: str, layout: Layout, *, compression: str = "zstd") -> str:
