@@ -10,8 +10,7 @@ Names are imported on first use, so that ``pipelines.generator.cli`` (loaded for
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from pipelines.lazy import lazy_exports
 
 _EXPORTS = {
     "WorldConfig": "pipelines.generator.config",
@@ -29,7 +28,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

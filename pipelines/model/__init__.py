@@ -15,8 +15,7 @@ Names are imported lazily so that ``python -m pipelines --help`` does not load t
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from pipelines.lazy import lazy_exports
 
 _EXPORTS = {
     "GemConfig": "pipelines.model.config",
@@ -41,7 +40,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'pipelines.model' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

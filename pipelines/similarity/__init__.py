@@ -12,8 +12,7 @@ Python API (names load lazily, so ``python -m pipelines --help`` does not import
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from pipelines.lazy import lazy_exports
 
 _EXPORTS = {
     "BuildSpec": "pipelines.similarity.build",
@@ -39,7 +38,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'pipelines.similarity' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)
