@@ -94,12 +94,6 @@ def _combined_summary(users: pl.DataFrame) -> pl.Expr:
     )
 
 
-def _empty_previous() -> pl.DataFrame:
-    frame = pl.from_arrow(HISTORY.schema.empty_table())
-    assert isinstance(frame, pl.DataFrame)
-    return frame
-
-
 def _frame(table: pa.Table) -> pl.DataFrame:
     frame = pl.from_arrow(table)
     assert isinstance(frame, pl.DataFrame)
@@ -123,7 +117,7 @@ def build_histories(
         raise ValueError(f"max_history must be >= 1, got {max_history}")
     new = _frame(events.select(EVENT.schema.names).cast(EVENT.schema)).sort(_SORT)
     unique = new.unique(subset="event_id", keep="first", maintain_order=True)
-    prev = _frame(previous) if previous is not None else _empty_previous()
+    prev = _frame(previous if previous is not None else HISTORY.schema.empty_table())
     prev_events = _previous_events(prev)
     fresh = unique.join(prev_events.select("user_id", "event_id"), on=["user_id", "event_id"], how="anti")
     watermark = _watermark(fresh, prev, watermark_ms)

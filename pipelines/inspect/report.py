@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from pipelines.errors import InputNotFoundError
-from schemas.enums import DEVICES, EVENT_TYPES, SURFACES
+from schemas.enums import EVENT_TYPES, SURFACES
 from schemas.layouts import layout_of
 
 KINDS = ("histories", "training_examples", "dead_letters", "representations")
@@ -139,5 +139,3 @@ def example_label_rates(table: pa.Table) -> dict[str, float]:
         "converted": pc.sum(table.column("converted")).as_py() / n if table.num_rows else 0.0,
     }
 
-
-__all__ = ["DEVICES", "Dataset", "find_datasets"]
