@@ -3,10 +3,6 @@ one index search and one store round trip per request; on the embedded store and
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -15,16 +11,8 @@ from pipelines.similarity.policy import ResolverConfig
 from pipelines.similarity.resolver import DimensionMismatchError, Resolver, VersionMismatchError
 from pipelines.similarity.user_index import UserIndex
 from pipelines.similarity.vectors import UserVectors
-from pipelines.store import (
-    LmdbConfig,
-    LmdbStore,
-    ManualClock,
-    OnlineStore,
-    RedisConfig,
-    RedisStore,
-    StoreUnavailableError,
-    default_redis_url,
-)
+from pipelines.store import ManualClock, OnlineStore
+from tests.conftest import MakeStore
 from tests.similarity.data import T0_MS, T0_S, VERSION, rep_table
 
 DIM = 8
@@ -52,21 +40,10 @@ def index() -> UserIndex:
     return UserIndex.from_built(build_index(users, BuildSpec(factory="Flat")))
 
 
-@pytest.fixture(params=["lmdb", pytest.param("redis", marks=pytest.mark.integration)])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OnlineStore]:
-    opened: OnlineStore
-    if request.param == "lmdb":
-        opened = LmdbStore(LmdbConfig(str(tmp_path / "store")), clock=ManualClock(T0_S))
-    else:
-        opened = RedisStore(RedisConfig(default_redis_url(), f"gem-test-sim:{uuid.uuid4().hex}:"),
-                            clock=ManualClock(T0_S))
-        try:
-            opened.read_batch([(1, None)])
-        except StoreUnavailableError as exc:
-            pytest.fail(f"Redis is not reachable: run `make redis-up` (or set GEM_REDIS_URL). {exc}")
-    yield opened
-    opened.clear()
-    opened.close()
+@pytest.fixture
+def store(make_store: MakeStore) -> OnlineStore:
+    """The shared store fixture (tests/conftest.py): LMDB, and a real Redis in the integration tier."""
+    return make_store(clock=ManualClock(T0_S))
 
 
 def emb(seed: int, n: int = 1) -> np.ndarray:

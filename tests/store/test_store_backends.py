@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from pipelines.store import NULL_MS, ManualClock, RepresentationArrays, record_nbytes
-from tests.store.conftest import MakeStore
+from tests.conftest import MakeStore
 from tests.store.reps import T0_MS, T0_S, grid, reps
 
 

@@ -19,7 +19,7 @@ from pipelines.store import (
     default_redis_url,
     record_nbytes,
 )
-from tests.store.conftest import require_redis
+from tests.conftest import require_redis
 from tests.store.reps import grid, reps
 
 

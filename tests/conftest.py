@@ -1,4 +1,5 @@
-"""One store fixture, parametrized over every backend: the embedded LMDB and a real Redis."""
+"""Shared fixtures: one online-store fixture, parametrized over every backend (the embedded LMDB and a
+real Redis), used by the store suite and the resolver tests."""
 
 from __future__ import annotations
 
