@@ -89,14 +89,26 @@ def test_streaming_equals_replay_and_commits_everything(
     topic, group = make_topic(3), f"g-{uuid.uuid4().hex[:8]}"
     produce(kafka, topic, lines, keys=_keyed(lines))
     out = tmp_path / "stream"
-    done = subprocess.run(_stream_cmd(topic, group, out, "--idle-exit", "3"), capture_output=True, text=True,
-                          timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
+    _stream_to_idle(topic, group, out)
     batch_out = tmp_path / "batch"
     _same_histories(latest_histories(str(out)), _replay(topic, batch_out))
     batch_dead = sorted(pq.read_table(batch_out / "dead_letters" / "part-00000.parquet").column("source").to_pylist())
     assert _dead_sources(out) == batch_dead and batch_dead
     assert sum(c or 0 for c in _committed(kafka, topic, group, 3)) == len(lines)
+
+
+def _stream_to_idle(topic: str, group: str, out: Path) -> None:
+    """Run the streaming job until the topic has been idle for 3 s; it must exit cleanly."""
+    done = subprocess.run(_stream_cmd(topic, group, out, "--idle-exit", "3"), capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _start_stream(topic: str, group: str, out: Path, log: Path) -> subprocess.Popen:
+    """The streaming job in the background, in its own session (so a SIGKILL takes its Prism too).
+    Its stderr goes to ``log``, a file rather than a pipe: a full pipe would block the job."""
+    return subprocess.Popen(_stream_cmd(topic, group, out), stdout=subprocess.DEVNULL, stderr=log.open("wb"),
+                            start_new_session=True)
 
 
 def test_sigkill_mid_topic_then_restart_loses_and_duplicates_nothing(
@@ -107,9 +119,8 @@ def test_sigkill_mid_topic_then_restart_loses_and_duplicates_nothing(
     topic, group = make_topic(3), f"g-{uuid.uuid4().hex[:8]}"
     produce(kafka, topic, first, keys=_keyed(first))
     out = tmp_path / "stream"
-    log = tmp_path / "stream.log"  # a file, not a pipe: a full pipe would block the job
-    job = subprocess.Popen(_stream_cmd(topic, group, out), stdout=subprocess.DEVNULL, stderr=log.open("wb"),
-                           start_new_session=True)
+    log = tmp_path / "stream.log"
+    job = _start_stream(topic, group, out, log)
     def produce_slowly() -> None:  # the second half trickles in over ~3 s, so the kill lands mid-topic
         for chunk in range(10):
             part = second[chunk::10]
@@ -131,9 +142,7 @@ def test_sigkill_mid_topic_then_restart_loses_and_duplicates_nothing(
         late.join(timeout=120)
     committed = _committed(kafka, topic, group, 3)
     assert 0 < sum(c or 0 for c in committed) < len(lines), f"not mid-topic: {committed} of {len(lines)}"
-    done = subprocess.run(_stream_cmd(topic, group, out, "--idle-exit", "3"), capture_output=True, text=True,
-                          timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
+    _stream_to_idle(topic, group, out)
     batch = _replay(topic, tmp_path / "batch")
     _same_histories(latest_histories(str(out)), batch)
     assert sum(c or 0 for c in _committed(kafka, topic, group, 3)) == len(lines)
@@ -153,9 +162,8 @@ def test_broker_restart_while_streaming_loses_nothing(
     topic, group = make_topic(2), f"g-{uuid.uuid4().hex[:8]}"
     produce(kafka, topic, first, keys=_keyed(first))
     out = tmp_path / "stream"
-    log = tmp_path / "stream.log"  # a file, not a pipe: a full pipe would block the job
-    job = subprocess.Popen(_stream_cmd(topic, group, out), stdout=subprocess.DEVNULL, stderr=log.open("wb"),
-                           start_new_session=True)
+    log = tmp_path / "stream.log"
+    job = _start_stream(topic, group, out, log)
     try:
         deadline = time.monotonic() + 120
         while sum(c or 0 for c in _committed(kafka, topic, group, 2)) < len(first):
