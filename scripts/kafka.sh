@@ -28,20 +28,10 @@ JAVA="${JAVA:-java}"
 
 log() { echo "kafka: $*" >&2; }
 
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# shellcheck source=scripts/service-lib.sh
+source "$ROOT/scripts/service-lib.sh"
 
-our_pid() {
-    # Prints the pid of the broker started from this state dir, if it is alive.
-    [[ -f "$PIDFILE" ]] || return 1
-    local pid
-    pid="$(cat "$PIDFILE")"
-    if [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null && grep -q "kafka.Kafka" "/proc/$pid/cmdline" 2>/dev/null; then
-        echo "$pid"
-        return 0
-    fi
-    rm -f "$PIDFILE"
-    return 1
-}
+our_pid() { pid_from "$PIDFILE" "kafka.Kafka"; }  # the broker started from this state dir, if alive
 
 resolve_libs() {
     local stamp="$LIBS/.resolved"

@@ -25,22 +25,12 @@ log() { echo "redis: $*" >&2; }
 
 answers() { command -v redis-cli >/dev/null && [[ "$(redis-cli -h 127.0.0.1 -p "$PORT" ping 2>/dev/null)" == PONG ]]; }
 
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; }
+# shellcheck source=scripts/service-lib.sh
+source "$ROOT/scripts/service-lib.sh"
 
-alive() { kill -0 "$1" 2>/dev/null && grep -q "redis-server" "/proc/$1/cmdline" 2>/dev/null; }  # not a zombie
+alive() { pid_alive "$1" "redis-server"; }
 
-our_pid() {
-    # Prints the pid of the server started from this state dir, if it is alive.
-    [[ -f "$PIDFILE" ]] || return 1
-    local pid
-    pid="$(cat "$PIDFILE")"
-    if [[ -n "$pid" ]] && alive "$pid"; then
-        echo "$pid"
-        return 0
-    fi
-    rm -f "$PIDFILE"
-    return 1
-}
+our_pid() { pid_from "$PIDFILE" "redis-server"; }  # the server started from this state dir, if alive
 
 install() {
     command -v redis-server >/dev/null && command -v redis-cli >/dev/null && return 0
@@ -64,7 +54,7 @@ start() {
         log "already up (pid $pid) on 127.0.0.1:$PORT"
         return 0
     fi
-    if [[ -z "${pid:-}" ]] && port_open; then
+    if [[ -z "${pid:-}" ]] && port_open "$PORT"; then
         log "127.0.0.1:$PORT is taken by a process this script did not start;" \
             "stop it or choose another port with GEM_REDIS_PORT=..."
         exit 1
