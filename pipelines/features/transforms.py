@@ -20,7 +20,7 @@ from apache_beam.pvalue import TaggedOutput
 
 from pipelines.features.examples import LabelWindows
 from pipelines.features.histories import build_histories
-from pipelines.features.parse import parse_json_lines
+from pipelines.features.parse import ParseResult, parse_json_lines
 from pipelines.features.sharding import split_by_shard
 from pipelines.features.validate import validate_event_table
 from pipelines.io import arrow_coder  # noqa: F401 - registers the pa.Table coder
@@ -28,7 +28,7 @@ from pipelines.io.files import SUMMARY, Split, join, read_line_batches, read_row
 from pipelines.io.parquet import read_table, write_table
 from schemas.layouts import DEAD_LETTER, EVENT, HISTORY, TRAINING_EXAMPLE
 
-__all__ = ["BuildHistories", "GroupByShard", "ReadEvents", "WriteDeadLetters", "WriteSummary"]
+__all__ = ["BuildHistories", "GroupByShard", "ReadEvents", "WriteDeadLetters", "WriteSummary", "counts_of"]
 
 NAMESPACE = "features"
 EVENTS, DEAD, COUNTS = "events", "dead_letters", "counts"
@@ -53,10 +53,7 @@ class _ReadSplitFn(beam.DoFn):
         for result in self._parse(split):
             self._records.inc(result.num_records)
             self._dead.inc(result.dead_letters.num_rows)
-            reasons = Counter(result.dead_letters.column("reason").to_pylist())
-            yield TaggedOutput(COUNTS, {"records_in": result.num_records, "dead_letters": sum(reasons.values()),
-                                        "max.event_time_ms": _max_event_ms(result.events),
-                                        **{f"dead_letters.{r}": n for r, n in reasons.items()}})
+            yield TaggedOutput(COUNTS, counts_of(result))
             yield from split_by_shard(result.events, self._num_shards)
             if result.dead_letters.num_rows:
                 yield TaggedOutput(DEAD, result.dead_letters)
@@ -91,6 +88,14 @@ class ReadEvents(beam.PTransform):
             .with_output_types(tuple[int, pa.Table])
             .with_outputs(DEAD, COUNTS, main=EVENTS)
         )
+
+
+def counts_of(result: ParseResult) -> dict[str, int]:
+    """The count dict a read step emits for one parsed batch (any source with ReadEvents' outputs)."""
+    reasons = Counter(result.dead_letters.column("reason").to_pylist())
+    return {"records_in": result.num_records, "dead_letters": sum(reasons.values()),
+            "max.event_time_ms": _max_event_ms(result.events),
+            **{f"dead_letters.{r}": n for r, n in reasons.items()}}
 
 
 def _max_event_ms(table: pa.Table) -> int:

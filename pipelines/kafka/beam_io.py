@@ -11,37 +11,24 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import apache_beam as beam
 import pyarrow as pa
-import pyarrow.compute as pc
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import TaggedOutput
 
-from pipelines.features.parse import ParseResult
 from pipelines.features.sharding import split_by_shard
-from pipelines.features.transforms import COUNTS, DEAD, EVENTS
+from pipelines.features.transforms import COUNTS, DEAD, EVENTS, counts_of
 from pipelines.io import arrow_coder  # noqa: F401 - registers the pa.Table coder
 from pipelines.kafka.config import KafkaConnection
 from pipelines.kafka.consume import BACKENDS, Fetcher, decode_batch, open_fetcher, prefetched
 from pipelines.kafka.ranges import PartitionRange
 
-__all__ = ["ReadEventsFromKafka", "WriteToKafka", "counts_of"]
+__all__ = ["ReadEventsFromKafka", "WriteToKafka"]
 
 NAMESPACE = "kafka"
-
-
-def counts_of(result: ParseResult) -> dict[str, int]:
-    """The count dict that ReadEvents emits for one parsed batch."""
-    reasons = Counter(result.dead_letters.column("reason").to_pylist())
-    latest = 0
-    if result.events.num_rows:
-        latest = int(pc.max(result.events.column("event_time")).cast(pa.int64()).as_py() or 0)
-    return {"records_in": result.num_records, "dead_letters": sum(reasons.values()), "max.event_time_ms": latest,
-            **{f"dead_letters.{r}": n for r, n in reasons.items()}}
 
 
 class _ReadRangeFn(beam.DoFn):
