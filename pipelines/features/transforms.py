@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import apache_beam as beam
@@ -46,17 +47,11 @@ class _ReadSplitFn(beam.DoFn):
         self._num_shards = num_shards
 
     def setup(self) -> None:
-        self._records = Metrics.counter(NAMESPACE, "records_in")
-        self._dead = Metrics.counter(NAMESPACE, "dead_letters")
+        self._metrics = ReadMetrics.create(NAMESPACE)
 
     def process(self, split: Split) -> Iterator[Any]:
         for result in self._parse(split):
-            self._records.inc(result.num_records)
-            self._dead.inc(result.dead_letters.num_rows)
-            yield TaggedOutput(COUNTS, counts_of(result))
-            yield from split_by_shard(result.events, self._num_shards)
-            if result.dead_letters.num_rows:
-                yield TaggedOutput(DEAD, result.dead_letters)
+            yield from emit_parsed(result, self._num_shards, self._metrics)
 
     def _parse(self, split: Split) -> Iterator[Any]:
         if split.row_group is not None:
@@ -88,6 +83,28 @@ class ReadEvents(beam.PTransform):
             .with_output_types(tuple[int, pa.Table])
             .with_outputs(DEAD, COUNTS, main=EVENTS)
         )
+
+
+@dataclass(frozen=True)
+class ReadMetrics:
+    """The Beam counters every read step keeps."""
+
+    records: Any
+    dead: Any
+
+    @classmethod
+    def create(cls, namespace: str) -> ReadMetrics:
+        return cls(Metrics.counter(namespace, "records_in"), Metrics.counter(namespace, "dead_letters"))
+
+
+def emit_parsed(result: ParseResult, num_shards: int, metrics: ReadMetrics) -> Iterator[Any]:
+    """One parsed batch as ReadEvents' outputs: (shard, EVENT table) pairs, tagged counts and dead letters."""
+    metrics.records.inc(result.num_records)
+    metrics.dead.inc(result.dead_letters.num_rows)
+    yield TaggedOutput(COUNTS, counts_of(result))
+    yield from split_by_shard(result.events, num_shards)
+    if result.dead_letters.num_rows:
+        yield TaggedOutput(DEAD, result.dead_letters)
 
 
 def counts_of(result: ParseResult) -> dict[str, int]:

@@ -17,10 +17,8 @@ from typing import Any
 import apache_beam as beam
 import pyarrow as pa
 from apache_beam.metrics import Metrics
-from apache_beam.pvalue import TaggedOutput
 
-from pipelines.features.sharding import split_by_shard
-from pipelines.features.transforms import COUNTS, DEAD, EVENTS, counts_of
+from pipelines.features.transforms import COUNTS, DEAD, EVENTS, ReadMetrics, emit_parsed
 from pipelines.io import arrow_coder  # noqa: F401 - registers the pa.Table coder
 from pipelines.kafka.config import KafkaConnection
 from pipelines.kafka.consume import BACKENDS, Fetcher, decode_batch, open_fetcher, prefetched
@@ -41,19 +39,12 @@ class _ReadRangeFn(beam.DoFn):
 
     def setup(self) -> None:
         self._fetcher = open_fetcher(self._connection, self._backend, max_batch=self._max_batch)
-        self._records = Metrics.counter(NAMESPACE, "records_in")
-        self._dead = Metrics.counter(NAMESPACE, "dead_letters")
+        self._metrics = ReadMetrics.create(NAMESPACE)
 
     def process(self, part: PartitionRange) -> Iterator[Any]:
         assert self._fetcher is not None
         for batch in prefetched(self._fetcher.fetch(part)):
-            result = decode_batch(batch)
-            self._records.inc(result.num_records)
-            self._dead.inc(result.dead_letters.num_rows)
-            yield TaggedOutput(COUNTS, counts_of(result))
-            yield from split_by_shard(result.events, self._num_shards)
-            if result.dead_letters.num_rows:
-                yield TaggedOutput(DEAD, result.dead_letters)
+            yield from emit_parsed(decode_batch(batch), self._num_shards, self._metrics)
 
     def teardown(self) -> None:
         if self._fetcher is not None:
