@@ -36,13 +36,14 @@ BUDGET = 32_768
 
 
 def world(root: Path, users: int, requests: int) -> None:
+    """Generated events and features (reused across runs) and a fresh untrained model of the current code."""
+    torch.manual_seed(0)
+    save_checkpoint(GemModel(GemConfig()), root / "model")  # cheap; a cached one may predate the architecture
     if (root / "features" / "summary.json").exists():
         return
     cli(["generate", "--users", str(users), "--days", "14", "--seed", "21", "--output", str(root / "events.parquet"),
          "--candidates", str(root / "candidates.parquet"), "--requests", str(requests)])
     cli(["features", "--input", str(root / "events.parquet"), "--output", str(root / "features"), "--overwrite"])
-    torch.manual_seed(0)
-    save_checkpoint(GemModel(GemConfig()), root / "model")
 
 
 def elements(root: Path, max_len: int) -> list:
