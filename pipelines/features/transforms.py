@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,11 +28,12 @@ from pipelines.features.validate import validate_event_table
 from pipelines.io import arrow_coder  # noqa: F401 - registers the pa.Table coder
 from pipelines.io.files import SUMMARY, Split, join, read_line_batches, read_row_group
 from pipelines.io.parquet import read_table, write_table
-from schemas.layouts import DEAD_LETTER, EVENT, HISTORY, TRAINING_EXAMPLE
+from schemas.layouts import DEAD_LETTER, EVENT, HISTORY, TRAINING_EXAMPLE, Layout
 
 __all__ = ["BuildHistories", "GroupByShard", "ReadEvents", "WriteDeadLetters", "WriteSummary", "counts_of"]
 
 NAMESPACE = "features"
+WRITE_THREADS = 2
 EVENTS, DEAD, COUNTS = "events", "dead_letters", "counts"
 
 
@@ -131,7 +133,12 @@ def _concat(tables: Iterable[pa.Table]) -> pa.Table | None:
 
 
 class _BuildShardFn(beam.DoFn):
-    """(shard, {events, previous}) → writes that shard's histories and examples; yields counts."""
+    """(shard, {events, previous}) → writes that shard's histories and examples; yields counts.
+
+    Parquet writes (single-threaded encode + zstd, GIL released) run on a small
+    thread pool while the next shard builds; ``finish_bundle`` waits for them, so
+    a bundle only commits once its files are written (a failed write fails it).
+    """
 
     def __init__(self, output: str, max_history: int, windows: LabelWindows) -> None:
         self._output = output
@@ -141,6 +148,16 @@ class _BuildShardFn(beam.DoFn):
     def setup(self) -> None:
         self._users = Metrics.counter(NAMESPACE, "histories")
         self._examples = Metrics.counter(NAMESPACE, "training_examples")
+        self._writer = ThreadPoolExecutor(max_workers=WRITE_THREADS, thread_name_prefix="parquet-write")
+        self._pending: list[Future] = []
+
+    def finish_bundle(self) -> None:
+        pending, self._pending = self._pending, []
+        for write in pending:
+            write.result()
+
+    def teardown(self) -> None:
+        self._writer.shutdown(wait=True)
 
     def process(self, element: tuple[int, Iterable[pa.Table]], counts: dict[str, int]) -> Iterator[dict]:
         shard, tables = element
@@ -150,8 +167,8 @@ class _BuildShardFn(beam.DoFn):
         watermark_ms = counts.get("max.event_time_ms", 0)
         build = build_histories(events, previous, max_history=self._max_history,
                                 watermark_ms=watermark_ms or None, windows=self._windows)
-        write_table(build.histories, shard_path(self._output, "histories", shard), HISTORY)
-        write_table(build.examples, shard_path(self._output, "training_examples", shard), TRAINING_EXAMPLE)
+        self._write(build.histories, shard_path(self._output, "histories", shard), HISTORY)
+        self._write(build.examples, shard_path(self._output, "training_examples", shard), TRAINING_EXAMPLE)
         self._users.inc(build.histories.num_rows)
         self._examples.inc(build.examples.num_rows)
         yield {
@@ -163,6 +180,9 @@ class _BuildShardFn(beam.DoFn):
             "training_examples": build.examples.num_rows,
             "shards_written": 1,
         }
+
+    def _write(self, table: pa.Table, path: str, layout: Layout) -> None:
+        self._pending.append(self._writer.submit(write_table, table, path, layout))
 
 
 class GroupByShard(beam.PTransform):

@@ -165,3 +165,21 @@ def test_gzipped_jsonl_input(tmp_path: Path) -> None:
     assert (summary["events_valid"], summary["dead_letters"]) == (120, 1)
     dead = pq.read_table(tmp_path / "o" / "dead_letters" / "part-00000.parquet")
     assert dead.column("source").to_pylist() == [f"{src}:121"]
+
+
+def test_a_failed_shard_write_fails_the_bundle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writes overlap the next shard's build; a write error must surface at finish_bundle, not vanish."""
+    from pipelines.features import transforms
+    from tests.features.factories import event, events_table
+
+    def broken_write(*args: object, **kwargs: object) -> str:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(transforms, "write_table", broken_write)
+    fn = transforms._BuildShardFn(str(tmp_path), max_history=16, windows=transforms.LabelWindows())
+    fn.setup()
+    counts = list(fn.process((0, [events_table([event("e1", 1, T0)])]), {}))
+    assert counts[0]["histories"] == 1
+    with pytest.raises(OSError, match="disk full"):
+        fn.finish_bundle()
+    fn.teardown()
