@@ -42,7 +42,7 @@ def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--direct-running-mode", default="in_memory", choices=RUNNING_MODES,
         help="how the local runner executes bundles (default: %(default)s; multi_threading lost elements "
-        "at GroupByKey with large elements in lab runs, so it is not the default)",
+        "or failed decoding them at GroupByKey with large elements in lab runs, so it is not the default)",
     )
     group.add_argument(
         "--direct-num-workers", type=int, default=1,
