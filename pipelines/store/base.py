@@ -176,14 +176,30 @@ class OnlineStore(abc.ABC):
 
     def read_batch(self, keys: Sequence[Key], *, max_age_s: float | None = None) -> ReadResult:
         """Read ``keys`` in one round trip; ``max_age_s`` overrides the store's bound for this read."""
-        values = self._get([encode_key(user, ad) for user, ad in keys])
-        decoded = DecodedRecords(values)
-        ids = {int(v) for v in decoded["version_id"]}
-        unknown = sorted(ids - self._version_names.keys())
+        n = len(keys)
+        user_id = np.fromiter((user for user, _ in keys), dtype=np.int64, count=n)
+        ad_id = np.fromiter((0 if ad is None else ad for _, ad in keys), dtype=np.int64, count=n)
+        has_ad = np.fromiter((ad is not None for _, ad in keys), dtype=bool, count=n)
+        return self.read_arrays(user_id, ad_id, has_ad, max_age_s=max_age_s)
+
+    def read_arrays(
+        self, user_id: np.ndarray, ad_id: np.ndarray, has_ad: np.ndarray, *, max_age_s: float | None = None
+    ) -> ReadResult:
+        """:meth:`read_batch` of keys given as columns: ``user_id``, ``ad_id`` int64 (N,) (``ad_id``
+        ignored where ``has_ad`` (N,) bool is False: a user-level key). No Python object per key but
+        the encoded key and the stored value."""
+        user_id = np.asarray(user_id, dtype=np.int64)
+        ad_id = np.where(has_ad, np.asarray(ad_id, dtype=np.int64), 0)
+        has_ad = np.asarray(has_ad, dtype=bool)
+        decoded = DecodedRecords(self._get(encode_keys(user_id, ad_id, has_ad)))
+        ids = np.unique(decoded["version_id"]).tolist()
+        unknown = sorted(set(ids) - self._version_names.keys())
         if unknown:
             self._version_names.update(self._versions(unknown))
         return ReadResult.build(
-            keys,
+            user_id,
+            ad_id,
+            has_ad,
             decoded,
             self._version_names,
             now_s=self.clock(),
@@ -200,14 +216,13 @@ class OnlineStore(abc.ABC):
         max_age_s: float | None = None,
     ) -> RequestRead:
         """A request's exact pairs, the user-level record and neighbours' pairs, in one round trip."""
-        ads = np.fromiter(ad_ids, dtype=np.int64)
-        neighbors = np.fromiter(neighbor_ids, dtype=np.int64)
-        ad_list = ads.tolist()
-        keys: list[Key] = [(user_id, a) for a in ad_list]
-        keys.append((user_id, None))
-        keys.extend((n, a) for n in neighbors.tolist() for a in ad_list)
-        result = self.read_batch(keys, max_age_s=max_age_s)
-        a = len(ad_list)
+        ads, neighbors = _int64s(ad_ids), _int64s(neighbor_ids)
+        a = len(ads)
+        users = np.concatenate([np.full(a + 1, user_id, dtype=np.int64), np.repeat(neighbors, a)])
+        has_ad = np.ones(len(users), dtype=bool)
+        has_ad[a] = False
+        result = self.read_arrays(users, np.concatenate([ads, [0], np.tile(ads, len(neighbors))]), has_ad,
+                                  max_age_s=max_age_s)
         return RequestRead(
             user_id=user_id,
             ad_ids=ads,
@@ -228,6 +243,12 @@ class OnlineStore(abc.ABC):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def _int64s(values: Iterable[int]) -> np.ndarray:
+    if isinstance(values, np.ndarray | list | tuple):
+        return np.asarray(values, dtype=np.int64).reshape(-1)
+    return np.fromiter(values, dtype=np.int64)
 
 
 def _last_per_key(keys: list[bytes], values: list[bytes]) -> tuple[list[bytes], list[bytes]]:

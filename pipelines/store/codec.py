@@ -22,9 +22,11 @@ for a pair, so a user's records share a prefix.
 from __future__ import annotations
 
 import hashlib
+import operator
 import struct
 from collections.abc import Sequence
-from typing import Literal
+from itertools import compress, repeat
+from typing import Literal, cast
 
 import numpy as np
 
@@ -76,12 +78,20 @@ def encode_key(user_id: int, ad_id: int | None) -> bytes:
 
 
 def encode_keys(user_id: np.ndarray, ad_id: np.ndarray, has_ad: np.ndarray) -> list[bytes]:
-    """Vectorised :func:`encode_key`: ``user_id``, ``ad_id`` int64 (N,), ``has_ad`` bool (N,)."""
+    """Vectorised :func:`encode_key`: ``user_id``, ``ad_id`` int64 (N,), ``has_ad`` bool (N,).
+
+    The keys are cut from one big-endian buffer by numpy (``V16``/``V8`` items become bytes in C);
+    only user-level keys among pairs are shortened one by one."""
+    has_ad = np.asarray(has_ad, dtype=bool)
+    if not has_ad.any():
+        return cast(list[bytes], np.asarray(user_id, dtype=">i8").view("V8").tolist())
     packed = np.empty((len(user_id), 2), dtype=">i8")
     packed[:, 0] = user_id
     packed[:, 1] = ad_id
-    buf = packed.tobytes()
-    return [buf[16 * i : 16 * i + (16 if pair else 8)] for i, pair in enumerate(has_ad.tolist())]
+    keys = cast(list[bytes], packed.view("V16").ravel().tolist())
+    for i in np.flatnonzero(~has_ad).tolist():
+        keys[i] = keys[i][:8]
+    return keys
 
 
 def decode_key(key: bytes) -> Key:
@@ -150,13 +160,23 @@ def computed_at_of(value: bytes) -> int:
 
 
 class DecodedRecords:
-    """Present records of one read, decoded group by group.
+    """Present records of one read, decoded.
 
     ``index`` (M,) are the positions of the present values in the request; fields
     are (M,) arrays in that order (``codes`` (M, D) float16, int8 codes widened exactly).
+    A read whose records share one layout (the usual case) is decoded by one ``frombuffer``
+    over the joined values, in request order; mixed layouts are decoded group by group.
     """
 
     def __init__(self, values: Sequence[bytes | None]) -> None:
+        present = np.fromiter(map(operator.is_not, values, repeat(None)), dtype=bool, count=len(values))
+        members = cast(list[bytes], list(compress(values, present)))
+        uniform = _decode_uniform(members)
+        if uniform is not None:
+            self.dim = uniform[0]
+            self.index = np.flatnonzero(present)
+            self._fields = uniform[1]
+            return
         groups: dict[bytes, list[int]] = {}
         for i, value in enumerate(values):
             if value is not None:
@@ -167,23 +187,43 @@ class DecodedRecords:
         self.dim = dims.pop() if dims else 0
         order = [i for members in groups.values() for i in members]
         self.index = np.asarray(order, dtype=np.int64)
-        parts = [self._decode(head, [values[i] for i in members]) for head, members in groups.items()]
+        parts = [_decode(head, [cast(bytes, values[i]) for i in members]) for head, members in groups.items()]
         self._fields = {name: _concat([p[name] for p in parts], name, self.dim) for name in _FIELDS}
-
-    @staticmethod
-    def _decode(head: bytes, members: list[bytes | None]) -> dict[str, np.ndarray]:
-        if head[0] != RECORD_MAGIC or head[1] not in _CODE_DTYPE:
-            raise ValueError(f"unknown record layout (magic {head[0]}, encoding {head[1]})")
-        encoding: Encoding = "float16" if head[1] == 0 else "int8"
-        dtype = record_dtype(encoding, int.from_bytes(head[2:4], "little"))
-        rec = np.frombuffer(b"".join(m for m in members if m is not None), dtype=dtype)
-        out = {name: rec[name] for name in _FIELDS if name not in ("codes", "int8")}
-        out["codes"] = rec["embedding"].astype(np.float16)
-        out["int8"] = np.full(len(rec), head[1] == 1)
-        return out
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self._fields[name]
+
+
+def _layout(head: bytes) -> np.dtype:
+    """The record dtype named by a value's first 4 bytes (magic, encoding, dim)."""
+    if head[0] != RECORD_MAGIC or head[1] not in _CODE_DTYPE:
+        raise ValueError(f"unknown record layout (magic {head[0]}, encoding {head[1]})")
+    return record_dtype("float16" if head[1] == 0 else "int8", int.from_bytes(head[2:4], "little"))
+
+
+def _decode(head: bytes, members: list[bytes]) -> dict[str, np.ndarray]:
+    return _fields_of(np.frombuffer(b"".join(members), dtype=_layout(head)), head[1] == 1)
+
+
+def _fields_of(rec: np.ndarray, int8: bool) -> dict[str, np.ndarray]:
+    out = {name: rec[name] for name in _FIELDS if name not in ("codes", "int8")}
+    out["codes"] = rec["embedding"].astype(np.float16)
+    out["int8"] = np.full(len(rec), int8)
+    return out
+
+
+def _decode_uniform(members: list[bytes]) -> tuple[int, dict[str, np.ndarray]] | None:
+    """``(dim, fields)`` when every value has the first one's layout (header and length), else None."""
+    if not members:
+        return None
+    head = members[0][:4]
+    dtype = _layout(head)
+    if (np.fromiter(map(len, members), dtype=np.intp, count=len(members)) != dtype.itemsize).any():
+        return None
+    rec = np.frombuffer(b"".join(members), dtype=dtype)
+    if not ((rec["magic"] == head[0]) & (rec["encoding"] == head[1]) & (rec["dim"] == rec["dim"][0])).all():
+        return None
+    return int(rec["dim"][0]), _fields_of(rec, head[1] == 1)
 
 
 _FIELDS = (

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -17,7 +16,9 @@ __all__ = ["ReadResult", "RequestRead"]
 
 @dataclass(frozen=True)
 class ReadResult:
-    """N requested keys and what the store holds for each, row i answering ``keys[i]``.
+    """N requested keys and what the store holds for each, row i answering ``keys[i]``
+    (kept as columns: ``user_id``, ``ad_id`` int64 (0 for user-level rows) and ``has_ad``
+    bool (N,); :attr:`keys` builds the tuples on demand).
 
     ``found`` (N,) bool: False for a missing key and for one past the store's
     ``expire_after_s``. ``stale`` (N,) bool: found and older than ``max_age_s`` (a
@@ -29,7 +30,9 @@ class ReadResult:
     ``computed_at`` by the store's clock.
     """
 
-    keys: tuple[Key, ...]
+    user_id: np.ndarray
+    ad_id: np.ndarray
+    has_ad: np.ndarray
     found: np.ndarray
     codes: np.ndarray
     embedding_scale: np.ndarray
@@ -45,7 +48,9 @@ class ReadResult:
     @classmethod
     def build(
         cls,
-        keys: Sequence[Key],
+        user_id: np.ndarray,
+        ad_id: np.ndarray,
+        has_ad: np.ndarray,
         decoded: DecodedRecords,
         versions: dict[int, str],
         *,
@@ -53,8 +58,8 @@ class ReadResult:
         max_age_s: float | None,
         expire_after_s: float | None,
     ) -> ReadResult:
-        """Scatter decoded records into rows aligned with ``keys``; apply expiry and staleness."""
-        n, dim = len(keys), decoded.dim
+        """Scatter decoded records into rows aligned with the keys; apply expiry and staleness."""
+        n, dim = len(user_id), decoded.dim
         age = now_s - decoded["computed_at_ms"] / 1000.0
         live = np.ones(len(age), dtype=bool) if expire_after_s is None else age <= expire_after_s
         at = decoded.index[live]
@@ -64,10 +69,15 @@ class ReadResult:
         codes[at] = decoded["codes"][live]
         scale = _full(n, np.nan, np.float32, at, np.where(decoded["int8"], decoded["scale"], np.nan)[live])
         ages = _full(n, np.nan, np.float64, at, age[live])
+        ids, row_id = np.unique(decoded["version_id"][live], return_inverse=True)
+        names = np.empty(len(ids), dtype=object)
+        names[:] = [versions.get(v) for v in ids.tolist()]
         version = np.full(n, None, dtype=object)
-        version[at] = [versions.get(int(v)) for v in decoded["version_id"][live]]
+        version[at] = names[row_id]
         return cls(
-            keys=tuple(keys),
+            user_id=user_id,
+            ad_id=ad_id,
+            has_ad=has_ad,
             found=found,
             codes=codes,
             embedding_scale=scale,
@@ -82,7 +92,13 @@ class ReadResult:
         )
 
     def __len__(self) -> int:
-        return len(self.keys)
+        return len(self.user_id)
+
+    @cached_property
+    def keys(self) -> tuple[Key, ...]:
+        """The requested keys, ``(user_id, ad_id)``, ``ad_id`` None for user-level ones."""
+        return tuple((u, a if has else None) for u, a, has in
+                     zip(self.user_id.tolist(), self.ad_id.tolist(), self.has_ad.tolist(), strict=True))
 
     @property
     def fresh(self) -> np.ndarray:
@@ -103,9 +119,10 @@ class ReadResult:
 
     def take(self, index: np.ndarray | slice) -> ReadResult:
         """The rows at ``index`` (an int array or a slice), as a ReadResult."""
-        keys = self.keys[index] if isinstance(index, slice) else tuple(self.keys[i] for i in index)
         return ReadResult(
-            keys=keys,
+            user_id=self.user_id[index],
+            ad_id=self.ad_id[index],
+            has_ad=self.has_ad[index],
             found=self.found[index],
             codes=self.codes[index],
             embedding_scale=self.embedding_scale[index],
@@ -123,13 +140,11 @@ class ReadResult:
         """The found rows in the REPRESENTATION layout, plus ``age_s`` and ``stale`` columns."""
         rows = np.flatnonzero(self.found)
         dim = self.codes.shape[1] or 1  # nothing found: no dim known, any will do for 0 rows
-        users = [self.keys[i][0] for i in rows]
-        ads = [self.keys[i][1] for i in rows]
         watermark = self.history_watermark_ms[rows]
         flat = pa.array(self.codes[rows].reshape(-1), type=pa.float16())
         columns = [
-            pa.array(users, pa.int64()),
-            pa.array(ads, pa.int64()),
+            pa.array(self.user_id[rows], pa.int64()),
+            pa.array(self.ad_id[rows], pa.int64(), mask=~self.has_ad[rows]),
             pa.FixedSizeListArray.from_arrays(flat, dim),
             pa.array(self.embedding_scale[rows], pa.float32(), mask=np.isnan(self.embedding_scale[rows])),
             pa.array(self.p_click[rows], pa.float32()),

@@ -166,6 +166,21 @@ def test_read_for_request_splits_one_round_trip(make_store: MakeStore) -> None:
     assert len(store.read_for_request(1, []).pairs) == 0
 
 
+def test_read_arrays_answers_like_read_batch(make_store: MakeStore) -> None:
+    store = make_store()
+    store.write_batch(reps([(1, None), (1, 10), (2, 10), (3, 0)]))
+    keys = [(2, 10), (1, None), (1, 11), (3, 0), (3, None), (1, 10)]
+    users = np.array([u for u, _ in keys])
+    ads = np.array([-1 if a is None else a for _, a in keys])  # ignored where has_ad is False
+    has_ad = np.array([a is not None for _, a in keys])
+    got, want = store.read_arrays(users, ads, has_ad), store.read_batch(keys)
+    assert got.keys == want.keys == tuple(keys)
+    assert got.found.tolist() == [True, True, False, True, False, True]
+    np.testing.assert_array_equal(got.embedding, want.embedding)
+    assert got.model_version.tolist() == want.model_version.tolist()
+    assert got.to_arrow().equals(want.to_arrow())
+
+
 def test_delete_and_clear(make_store: MakeStore) -> None:
     store = make_store()
     store.write_batch(reps(grid(2, 2)))

@@ -48,6 +48,13 @@ def test_vectorised_keys_equal_scalar_keys(keys: list[tuple[int, int | None]]) -
     assert encode_keys(users, ads, has_ad) == [encode_key(u, a) for u, a in keys]
 
 
+def test_vectorised_user_level_keys() -> None:
+    users = np.array([0, 256, -1], dtype=np.int64)
+    want = [encode_key(u, None) for u in users.tolist()]
+    assert encode_keys(users, np.zeros(3, np.int64), np.zeros(3, bool)) == want
+    assert encode_keys(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool)) == []
+
+
 def test_a_users_keys_share_a_prefix() -> None:
     assert encode_key(42, 7).startswith(encode_key(42, None))
 
@@ -90,6 +97,25 @@ def test_decode_groups_mixed_encodings_back_into_request_order() -> None:
     assert dict(zip(order, decoded["int8"].tolist(), strict=True)) == {0: True, 2: False, 3: True, 5: False}
     assert [computed_at_of(v) for v in f16] == [T0_MS, T0_MS + 1, T0_MS + 2]
     assert f16[0][COMPUTED_AT_OFFSET : COMPUTED_AT_OFFSET + 8] == T0_MS.to_bytes(8, "little")
+
+
+def test_decode_of_one_layout_keeps_request_order() -> None:
+    f16 = _encode("float16", n=4)
+    decoded = DecodedRecords([None, f16[2], f16[0], None, f16[3]])
+    assert decoded.dim == 4 and decoded.index.tolist() == [1, 2, 4]
+    assert decoded["computed_at_ms"].tolist() == [T0_MS + 2, T0_MS, T0_MS + 3]
+    assert decoded["int8"].tolist() == [False] * 3 and decoded["codes"].dtype == np.float16
+    grouped = DecodedRecords([f16[2], _encode("int8", n=1)[0], f16[0]])  # mixed: decoded per layout
+    assert sorted(zip(grouped.index.tolist(), grouped["computed_at_ms"].tolist(), strict=True)) == [
+        (0, T0_MS + 2), (1, T0_MS), (2, T0_MS)]
+
+
+def test_decode_same_length_other_layout_is_not_mistaken_for_one() -> None:
+    f16_4 = _encode("float16", n=1, dim=4)[0]  # 40 + 8 bytes
+    i8_8 = _encode("int8", n=1, dim=8)[0]  # 40 + 8 bytes too
+    assert len(f16_4) == len(i8_8)
+    with pytest.raises(ValueError, match="several dims"):
+        DecodedRecords([f16_4, i8_8])
 
 
 def test_decode_rejects_unknown_layouts_and_mixed_dims() -> None:
