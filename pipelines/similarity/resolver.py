@@ -19,16 +19,18 @@ model_version than the index's, or a request asking for another one, raises
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
 
 from pipelines.errors import PipelinesError
+from pipelines.similarity.faiss_ops import faiss
 from pipelines.similarity.policy import PATHS, FallbackPath, ResolverConfig, blend_neighbors, pick_paths
 from pipelines.similarity.user_index import UserIndex
-from pipelines.store import Clock, Key, OnlineStore, ReadResult
+from pipelines.store import Clock, OnlineStore, ReadResult
 
 __all__ = ["Answer", "DimensionMismatchError", "Resolution", "Resolver", "VersionMismatchError"]
 
@@ -110,6 +112,20 @@ class Resolution:
         })
 
 
+@contextmanager
+def _one_omp_thread() -> Iterator[None]:
+    """Search one query on the calling thread only: waking (and then spinning) faiss's OpenMP team
+    for a single query costs more than it saves and makes the latency tail follow the machine's load.
+    ``omp_set_num_threads`` sets the calling thread's setting only, so batch searches on other threads
+    keep theirs; this one's is restored on exit."""
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(before)
+
+
 class Resolver:
     """Resolve (user, candidate ads) requests against a store and a user index; see the module docstring."""
 
@@ -127,7 +143,8 @@ class Resolver:
     def _neighbors(self, user_id: int) -> tuple[np.ndarray, np.ndarray]:
         if not self.config.allows(FallbackPath.SIMILAR_USERS) or len(self.index) == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        found = self.index.neighbors(np.array([user_id], dtype=np.int64), self.config.k)
+        with _one_omp_thread():
+            found = self.index.neighbors(np.array([user_id], dtype=np.int64), self.config.k)
         keep = found.user_ids[0] >= 0
         return found.user_ids[0][keep], found.similarity[0][keep]
 
@@ -181,8 +198,8 @@ class Resolver:
         cols = np.flatnonzero(first.path == FallbackPath.NONE)
         if not len(cols) or not len(neighbor_ids):
             return replace(first, neighbor_ids=neighbor_ids)
-        keys: list[Key] = [(n, a) for n in neighbor_ids.tolist() for a in ads[cols].tolist()]
-        late = self.store.read_batch(keys)
+        late = self.store.read_arrays(np.repeat(neighbor_ids, len(cols)), np.tile(ads[cols], len(neighbor_ids)),
+                                      np.ones(len(neighbor_ids) * len(cols), dtype=bool))
         self._check(late, "neighbours' pair records")
         return self._decide(user, ads, neighbor_ids, similarity, read.pairs, read.user, (late, cols), now_s)
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from pipelines.similarity.build import BuildSpec, build_index
+from pipelines.similarity.faiss_ops import faiss
 from pipelines.similarity.policy import ResolverConfig
 from pipelines.similarity.resolver import DimensionMismatchError, Resolver, VersionMismatchError
 from pipelines.similarity.user_index import UserIndex
@@ -208,3 +209,22 @@ def test_auto_neighbour_reads_give_the_same_answers(store: OnlineStore, index: U
         assert got.path_names() == want.path_names()
         np.testing.assert_allclose(got.embedding, want.embedding, rtol=1e-5)
         np.testing.assert_array_equal(got.neighbors_used, want.neighbors_used)
+
+
+def test_the_one_query_search_runs_on_one_omp_thread_and_restores_the_setting(
+        store: OnlineStore, index: UserIndex, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[int] = []
+    search = index.index.search
+
+    def watched(*args: object) -> object:
+        seen.append(faiss.omp_get_max_threads())
+        return search(*args)
+
+    monkeypatch.setattr(index.index, "search", watched)
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(2)
+    try:
+        resolver(store, index).resolve(0, [1, 2])
+        assert seen == [1] and faiss.omp_get_max_threads() == 2
+    finally:
+        faiss.omp_set_num_threads(before)
