@@ -12,7 +12,7 @@ from schemas.enums import DEVICES, EVENT_TYPES, SURFACES
 from schemas.layouts import DEFAULT_EMBEDDING_DIM
 
 #: Bumped whenever the module structure changes in a way old checkpoints cannot load into.
-ARCHITECTURE_VERSION = 1
+ARCHITECTURE_VERSION = 2
 
 EXPERT_KINDS = ("fm", "dcn")
 

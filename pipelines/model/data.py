@@ -76,3 +76,32 @@ def sample_rows(table: pa.Table, max_rows: int | None, seed: int) -> pa.Table:
     rng = np.random.default_rng(seed)
     keep = np.sort(rng.choice(table.num_rows, size=max_rows, replace=False))
     return table.take(pa.array(keep))
+
+
+def sample_by_label(table: pa.Table, max_rows: int | None, positive_share: float | None, seed: int
+                    ) -> tuple[pa.Table, np.ndarray]:
+    """At most ``max_rows`` rows, in their original order, and the weight of each (the inverse
+    of its group's sampling rate, so weighted means are the table's).
+
+    With ``positive_share``, positives are kept first, up to that share of ``max_rows``
+    (converted rows before clicked-only ones) and negatives fill the rest: rare labels
+    (a conversion per ~800 impressions) keep every example they have. Without it, or when
+    the table is small enough, a uniform sample (weights 1)."""
+    if max_rows is None or table.num_rows <= max_rows or positive_share is None:
+        sampled = sample_rows(table, max_rows, seed)
+        return sampled, np.ones(sampled.num_rows)
+    converted = np.asarray(table.column("converted").to_numpy(zero_copy_only=False), bool)
+    clicked = np.asarray(table.column("clicked").to_numpy(zero_copy_only=False), bool) & ~converted
+    groups = [np.flatnonzero(converted), np.flatnonzero(clicked), np.flatnonzero(~(converted | clicked))]
+    budget = round(positive_share * max_rows)
+    keep_conv = min(len(groups[0]), budget)
+    keep_click = min(len(groups[1]), budget - keep_conv)
+    sizes = [keep_conv, keep_click, min(len(groups[2]), max_rows - keep_conv - keep_click)]
+    rng = np.random.default_rng(seed)
+    rows, weights = [], []
+    for group, size in zip(groups, sizes, strict=True):
+        rows.append(rng.choice(group, size=size, replace=False))
+        weights.append(np.full(size, len(group) / max(size, 1)))
+    all_rows, all_weights = np.concatenate(rows), np.concatenate(weights)
+    order = np.argsort(all_rows, kind="stable")
+    return table.take(pa.array(all_rows[order])), all_weights[order]

@@ -14,7 +14,8 @@ from pipelines.model.batch import NUM_COUNT_FEATURES, GemBatch
 from pipelines.model.config import GemConfig
 
 _MIX = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed 64-bit integer
-_SALTS = {"item": 0x51ED27, "advertiser": 0xAD7E57, "category": 0xCA7E60, "user": 0x05E125}
+CATEGORY_SALT = 0xCA7E60
+_SALTS = {"item": 0x51ED27, "advertiser": 0xAD7E57, "category": CATEGORY_SALT, "user": 0x05E125}
 
 #: Non-sequence tokens, in order: user, request surface, device, history count,
 #: dense prefix counts; then target item, target advertiser, target category, target is_ad.

@@ -3,12 +3,16 @@
 ::
 
     history (L, D) ─ layers: [local block attention] [global pooled summary] ─► summary (B, K, D)
-    summary + user/context tokens ─► user representation (B, R), L2-normalised
+    summary + history-level tokens (count, dense counts) ─► user representation (B, R), L2-normalised
+        (trained also to predict the category of the user's next impression: ``interest_loss``)
     target ad tokens ─ query the final history tokens ─► target-aware token (B, 1, D)
     target ad ─ hard search of the history (same item / advertiser / category, per event type) ─► match token
-    summary + user rep + context + target ad (+ target-aware) tokens ─► MoE (FM/DCN) ─► pair rep (B, R)
-    pair rep, surface (FiLM) + <user rep, ad vector> + wide(counts, is_ad, matches) ─► click and
-    conversion logits (or, with ``esmm``, p(conversion) = p(click) * p(conversion | click))
+    summary + user rep + context + target ad (+ target-aware) tokens ─► MoE (FM/DCN) ─┐
+    user rep ⊙ ad vector, wide(counts, is_ad, matches) ──────────────────────────────┴► pair rep (B, R)
+    pair rep, surface (FiLM) ─► click and conversion logits (or, with ``esmm``,
+        p(conversion) = p(click) * p(conversion | click)); the heads read nothing but the
+        pair representation and the surface, so a stored or blended pair representation
+        can stand in for a fresh one (``heads``)
 """
 
 from __future__ import annotations
@@ -25,10 +29,13 @@ from torch import nn
 from pipelines.model.attention import BlockAttention, PooledSummary, TargetAttention
 from pipelines.model.batch import NUM_COUNT_FEATURES, GemBatch
 from pipelines.model.config import GemConfig
-from pipelines.model.embed import NUM_CONTEXT_TOKENS, NUM_TARGET_TOKENS, TokenEmbedder
+from pipelines.model.embed import CATEGORY_SALT, NUM_CONTEXT_TOKENS, NUM_TARGET_TOKENS, TokenEmbedder, hash_ids
 from pipelines.model.interaction import MixtureOfExperts
 from pipelines.model.jagged import BlockLayout, to_padded_dense
 from pipelines.model.match import NUM_MATCH_FEATURES, match_features
+
+#: Context tokens the user representation reads: history count and dense prefix counts (see ``embed``).
+USER_CONTEXT = [3, 4]
 
 
 def conversion_logit(click_logit: torch.Tensor, after_click_logit: torch.Tensor) -> torch.Tensor:
@@ -104,7 +111,8 @@ class GemModel(nn.Module):
         self.layers = nn.ModuleList(SequenceLayer(c, local, global_) for local, global_ in c.layer_plan())
         r = c.representation_dim
         self.user_head = nn.Sequential(
-            nn.Linear((c.num_seeds + NUM_CONTEXT_TOKENS) * c.d_model, 2 * r), nn.SiLU(), nn.Linear(2 * r, r))
+            nn.Linear((c.num_seeds + len(USER_CONTEXT)) * c.d_model, 2 * r), nn.SiLU(), nn.Linear(2 * r, r))
+        self.interest = nn.Linear(r, c.d_model)  # user rep -> query over the category table
         self.user_token = nn.Linear(r, c.d_model)
         self.target_attention = TargetAttention(c.d_model, c.num_heads) if c.target_attention else None
         self.target_query = nn.Linear(NUM_TARGET_TOKENS * c.d_model, c.d_model) if c.target_attention else None
@@ -114,15 +122,16 @@ class GemModel(nn.Module):
         self.moe = MixtureOfExperts(num_tokens, c.d_model, c.experts, c.top_k, c.dcn_layers, c.dcn_rank)
         self.pair_head = nn.Linear(c.d_model, r)
         self.ad_vector = nn.Linear(NUM_TARGET_TOKENS * c.d_model, r)
+        self.pair_match = nn.Linear(r, r, bias=False)  # user rep ⊙ ad vector -> pair rep (carries <user, ad>)
+        wide = NUM_COUNT_FEATURES + 1 + (NUM_MATCH_FEATURES if c.target_match else 0)
+        self.pair_wide = nn.Linear(wide, r, bias=False)  # wide part: counts, is_ad, matches -> pair rep
+        nn.init.zeros_(self.pair_match.weight)
+        nn.init.zeros_(self.pair_wide.weight)
         self.film = nn.Embedding(c.num_surfaces + 1, 2 * r)
         nn.init.zeros_(self.film.weight)
         self.task_mlp = nn.Sequential(nn.Linear(r, r), nn.SiLU(), nn.Linear(r, 2))
         self.surface_bias = nn.Embedding(c.num_surfaces + 1, 2)
         nn.init.zeros_(self.surface_bias.weight)
-        wide = NUM_COUNT_FEATURES + 1 + (NUM_MATCH_FEATURES if c.target_match else 0)
-        self.wide = nn.Linear(wide, 2, bias=False)  # wide part: counts, is_ad, matches straight to the logits
-        nn.init.zeros_(self.wide.weight)
-        self.dot_scale = nn.Parameter(torch.full((2,), 2.0))
         self.model_version = f"untrained-{c.fingerprint()}"
         self.cpu_chunk_blocks = 64  # blocks per block-attention chunk on CPU (4,096 tokens at S=64)
 
@@ -171,8 +180,10 @@ class GemModel(nn.Module):
         encode = self.encode_sequence_reference if reference else self.encode_sequence
         target = self.embed.target(batch)  # (B, 4, D)
         summary, targeted = encode(self.embed.sequence(batch), batch.offsets, target)  # (B, K, D)
-        context = self.embed.context(batch)  # (B, 4, D)
-        user = F.normalize(self.user_head(torch.cat([summary, context], 1).flatten(1)), dim=-1)
+        context = self.embed.context(batch)  # (B, 5, D)
+        # the user rep reads the history alone (no surface, device or hashed user id), so a
+        # user-level row (no request) gets the representation training shaped
+        user = F.normalize(self.user_head(torch.cat([summary, context[:, USER_CONTEXT]], 1).flatten(1)), dim=-1)
         parts = [summary, self.user_token(user)[:, None], context, target]
         dense = torch.cat([batch.counts, batch.target_is_ad[:, None].to(batch.counts.dtype)], dim=1)
         if targeted is not None:
@@ -182,15 +193,37 @@ class GemModel(nn.Module):
             parts.append(self.match_token(matched)[:, None])
             dense = torch.cat([dense, matched], dim=1)
         tokens = torch.cat(parts, dim=1)
-        pair = self.pair_head(self.moe(tokens))  # (B, R)
-        surface = torch.where(batch.request_surface < 0, c.num_surfaces, batch.request_surface)
-        gamma, beta = self.film(surface).chunk(2, dim=-1)
-        ad = F.normalize(self.ad_vector(target.flatten(1)), dim=-1)
-        logits = (self.task_mlp(pair * (1 + gamma) + beta) + self.surface_bias(surface) + self.wide(dense)
-                  + self.dot_scale * (user * ad).sum(-1, keepdim=True))
-        click, second = logits[:, 0], logits[:, 1]
+        ad = self.ad_embedding(target)
+        pair = self.pair_head(self.moe(tokens)) + self.pair_match(user * ad) + self.pair_wide(dense)  # (B, R)
+        click, second = self.heads(pair, batch.request_surface)
         conversion = conversion_logit(click, second) if c.esmm else second
         return GemOutput(click, conversion, user, pair, self.moe.aux_loss)
+
+    def ad_embedding(self, target: torch.Tensor) -> torch.Tensor:
+        """The ad's unit vector in the user representation's space: ``(B, 4, D) -> (B, R)``."""
+        return F.normalize(self.ad_vector(target.flatten(1)), dim=-1)
+
+    def heads(self, pair: torch.Tensor, surface: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Click logit and second logit (conversion, or conversion given click with ``esmm``),
+        each ``(B,)``, from the pair representation ``(B, R)`` and the request surface
+        ``(B,)`` (-1 = unknown) alone."""
+        s = torch.where(surface < 0, self.config.num_surfaces, surface)
+        gamma, beta = self.film(s).chunk(2, dim=-1)
+        logits = self.task_mlp(pair * (1 + gamma) + beta) + self.surface_bias(s)
+        return logits[:, 0], logits[:, 1]
+
+    def interest_loss(self, user: torch.Tensor, batch: GemBatch) -> torch.Tensor:
+        """Cross-entropy of the target's category under a softmax over the category table,
+        queried by the user representation ``(B, R)``: what will this user be shown and
+        engage with next. It makes the user representation encode interests, so that
+        users near each other in it behave alike (rows without a category are skipped)."""
+        table = self.embed.category.weight  # (C, D)
+        logits = self.interest(user) @ table.t() / table.shape[1] ** 0.5  # (B, C)
+        labels = hash_ids(batch.target_category, CATEGORY_SALT, table.shape[0])
+        known = batch.target_category >= 0
+        if not bool(known.any()):
+            return logits.sum() * 0.0
+        return F.cross_entropy(logits[known].float(), labels[known])
 
     @torch.no_grad()
     def init_output_bias(self, click_rate: float, conversion_rate: float) -> None:

@@ -27,9 +27,9 @@ from pipelines.model.baseline import CountBaseline
 from pipelines.model.batch import ExampleSet, GemBatch, HistoryIndex
 from pipelines.model.checkpoint import resolve_device, save_checkpoint
 from pipelines.model.config import GemConfig
-from pipelines.model.data import load_features, sample_rows, split_by_time
+from pipelines.model.data import load_features, sample_by_label, split_by_time
 from pipelines.model.gem import GemModel, autocast_for
-from pipelines.model.metrics import task_metrics
+from pipelines.model.metrics import paired_auc_interval, task_metrics
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +50,11 @@ class TrainConfig:
     holdout_days: float = 1.0
     conversion_weight: float = 1.0
     aux_weight: float = 0.01
+    interest_weight: float = 0.2
+    positive_share: float | None = 0.25
     warmup_steps: int = 50
     seed: int = 0
+    data_seed: int | None = None  # seed of the training/holdout samples; None: ``seed``
     device: str = "auto"
     progress: bool = True
     compare_skip: bool = False
@@ -66,6 +69,9 @@ class TrainConfig:
                 raise ValueError(f"TrainConfig.{name} must be >= 1 or None, got {value}")
         if not (self.learning_rate > 0 and self.holdout_days > 0):
             raise ValueError("TrainConfig.learning_rate and holdout_days must be positive")
+        if self.interest_weight < 0 or (self.positive_share is not None and not 0 < self.positive_share < 1):
+            raise ValueError(f"TrainConfig.interest_weight must be >= 0 (got {self.interest_weight}) and "
+                             f"positive_share in (0, 1) or None (got {self.positive_share})")
 
 
 def seed_everything(seed: int) -> None:
@@ -89,17 +95,24 @@ def _batches(n: int, batch_size: int, rng: np.random.Generator | None) -> list[n
     return [order[i:i + batch_size] for i in range(0, n, batch_size)]
 
 
-def _loss(model: GemModel, batch: GemBatch, tc: TrainConfig) -> torch.Tensor:
+def _loss(model: GemModel, batch: GemBatch, tc: TrainConfig, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Click + conversion log loss (rows weighted by ``weight``, the inverse of their sampling
+    rate), the MoE balance loss and the user representation's interest loss."""
     assert batch.clicked is not None and batch.converted is not None, "training batches carry labels"
     out = model(batch)
-    click = F.binary_cross_entropy_with_logits(out.click_logit, batch.clicked)
-    conversion = F.binary_cross_entropy_with_logits(out.conversion_logit, batch.converted)
-    return click + tc.conversion_weight * conversion + tc.aux_weight * out.aux_loss
+    w = None if weight is None else weight / weight.mean()
+    click = F.binary_cross_entropy_with_logits(out.click_logit, batch.clicked, weight=w)
+    conversion = F.binary_cross_entropy_with_logits(out.conversion_logit, batch.converted, weight=w)
+    loss = click + tc.conversion_weight * conversion + tc.aux_weight * out.aux_loss
+    if tc.interest_weight > 0:
+        loss = loss + tc.interest_weight * model.interest_loss(out.user_embedding, batch)
+    return loss
 
 
 def fit(model: GemModel, examples: ExampleSet, tc: TrainConfig, device: torch.device,
-        desc: str = "train") -> list[float]:
-    """Train ``model`` in place; returns the mean loss of each epoch."""
+        desc: str = "train", weights: np.ndarray | None = None) -> list[float]:
+    """Train ``model`` in place (rows weighted by ``weights (N,)`` when given); returns the
+    mean loss of each epoch."""
     rng = np.random.default_rng(tc.seed)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
     rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
@@ -123,8 +136,10 @@ def fit(model: GemModel, examples: ExampleSet, tc: TrainConfig, device: torch.de
             epoch: list[float] = []
             for rows in _batches(len(examples), tc.batch_size, rng):
                 batch = examples.batch(rows, max_len=max_len).to(device)
+                weight = None if weights is None else torch.as_tensor(weights[rows], dtype=torch.float32,
+                                                                      device=device)
                 with autocast_for(device):
-                    loss = _loss(model, batch, tc)
+                    loss = _loss(model, batch, tc, weight)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -152,9 +167,13 @@ def predict(model: GemModel, examples: ExampleSet, device: torch.device, batch_s
     return {task: np.concatenate(parts) if parts else np.zeros(0) for task, parts in out.items()}
 
 
-def score(examples: ExampleSet, probs: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
-    names = {"clicked": "click", "converted": "conversion"}
-    return {names[t]: task_metrics(examples.fields[t], probs[t]) for t in TASKS}
+NAMES = {"clicked": "click", "converted": "conversion"}
+
+
+def score(examples: ExampleSet, probs: dict[str, np.ndarray], weights: np.ndarray | None = None
+          ) -> dict[str, dict[str, float]]:
+    """AUC, NE, ... of each task (rows weighted by ``weights`` when given)."""
+    return {NAMES[t]: task_metrics(examples.fields[t], probs[t], weights) for t in TASKS}
 
 
 def evaluate_flops(model_config: GemConfig, examples: ExampleSet, rows: int = 256) -> dict[str, float]:
@@ -173,17 +192,18 @@ def evaluate_flops(model_config: GemConfig, examples: ExampleSet, rows: int = 25
             "flops_saved_fraction": 1.0 - counts[True] / counts[False]}
 
 
-def _skip_quality(model_config: GemConfig, scores: dict[str, dict[str, float]], train: ExampleSet,
-                  holdout: ExampleSet, tc: TrainConfig, device: torch.device) -> dict[str, Any]:
+def _skip_quality(model_config: GemConfig, scores: dict[str, dict[str, float]], data: _Data, tc: TrainConfig,
+                  device: torch.device) -> dict[str, Any]:
     """Train the other setting of ``component_skip`` on the same data and seed; report the
     holdout AUC of both and what skipping loses (positive = skipping is worse)."""
     other_config = model_config.replace(component_skip=not model_config.component_skip)
     seed_everything(tc.seed)
     other = GemModel(other_config)
-    other.init_output_bias(float(train.fields["clicked"].mean()), float(train.fields["converted"].mean()))
+    other.init_output_bias(*data.base_rates())
     other = other.to(device)
-    fit(other, train, tc, device, desc="train (skip " + ("on" if other_config.component_skip else "off") + ")")
-    other_scores = score(holdout, predict(other, holdout, device))
+    fit(other, data.train, tc, device, desc="train (skip " + ("on" if other_config.component_skip else "off") + ")",
+        weights=data.weights)
+    other_scores = score(data.holdout, predict(other, data.holdout, device), data.holdout_weights)
     on, off = (scores, other_scores) if model_config.component_skip else (other_scores, scores)
     return {"auc_skip_on": {t: on[t]["auc"] for t in on}, "auc_skip_off": {t: off[t]["auc"] for t in off},
             "auc_lost": {t: off[t]["auc"] - on[t]["auc"] for t in on}}
@@ -203,31 +223,54 @@ def _json_safe(value: Any) -> Any:
 class _Data:
     index: HistoryIndex
     train: ExampleSet
+    weights: np.ndarray  # (N,) of the training rows: the inverse of their sampling rate
     holdout: ExampleSet
+    holdout_weights: np.ndarray  # (M,): the inverse of each holdout row's sampling rate
     summary: dict[str, Any]
+
+    def base_rates(self) -> tuple[float, float]:
+        """Weighted click and conversion rates of the training rows (the split's rates)."""
+        return tuple(float(np.average(self.train.fields[t], weights=self.weights)) for t in TASKS)  # type: ignore[return-value]
 
 
 def _prepare(data_dir: str | Path, tc: TrainConfig, max_len: int) -> _Data:
     histories, examples = load_features(data_dir)
     split = split_by_time(examples, tc.holdout_days)
     index = HistoryIndex(histories)
-    train = ExampleSet(index, sample_rows(split.train, tc.max_examples, tc.seed))
-    holdout = ExampleSet(index, sample_rows(split.holdout, tc.max_holdout, tc.seed + 1))
+    data_seed = tc.seed if tc.data_seed is None else tc.data_seed
+    train_rows, weights = sample_by_label(split.train, tc.max_examples, tc.positive_share, data_seed)
+    train = ExampleSet(index, train_rows)
+    # the holdout is sampled like the training rows (every positive first, negatives weighted up),
+    # so its metrics estimate the whole last day's with every conversion it holds
+    holdout_rows, holdout_weights = sample_by_label(split.holdout, tc.max_holdout, tc.positive_share,
+                                                    data_seed + 1)
+    holdout = ExampleSet(index, holdout_rows)
     summary = {"features": str(data_dir), "train_examples": len(train), "train_available": split.train.num_rows,
+               "train_clicks": int(train.fields["clicked"].sum()),
+               "train_conversions": int(train.fields["converted"].sum()),
                "holdout_examples": len(holdout), "holdout_available": split.holdout.num_rows,
+               "holdout_clicks": int(holdout.fields["clicked"].sum()),
+               "holdout_conversions": int(holdout.fields["converted"].sum()),
                "holdout_cutoff_ms": split.cutoff_ms, "history_events": index.num_events,
                "mean_train_prefix_tokens": float(train.prefix_lengths(max_len).mean()),
                "mean_holdout_prefix_tokens": float(holdout.prefix_lengths(max_len).mean())}
     log.info("training on %d of %d examples, holding out %d of %d (last %g day(s))", len(train),
              split.train.num_rows, len(holdout), split.holdout.num_rows, tc.holdout_days)
-    return _Data(index, train, holdout, summary)
+    return _Data(index, train, weights, holdout, holdout_weights, summary)
 
 
-def _comparison(model: dict[str, dict[str, float]], baseline: dict[str, dict[str, float]]) -> dict[str, Any]:
-    return {task: {"auc_gain": model[task]["auc"] - baseline[task]["auc"],
-                   "ne_gain": baseline[task]["ne"] - model[task]["ne"],
-                   "beats": model[task]["auc"] > baseline[task]["auc"] and model[task]["ne"] < baseline[task]["ne"]}
-            for task in model}
+def _comparison(model: dict[str, dict[str, float]], baseline: dict[str, dict[str, float]], holdout: ExampleSet,
+                probs: tuple[dict[str, np.ndarray], dict[str, np.ndarray]], weights: np.ndarray, seed: int
+                ) -> dict[str, Any]:
+    """Per task: AUC and NE gains of the model over the baseline, the AUC gain's 90% paired
+    bootstrap interval over the holdout rows, and whether the model beats the baseline."""
+    out: dict[str, Any] = {}
+    for task in TASKS:
+        m, b = model[NAMES[task]], baseline[NAMES[task]]
+        low, high = paired_auc_interval(holdout.fields[task], probs[0][task], probs[1][task], weights, seed=seed)
+        out[NAMES[task]] = {"auc_gain": m["auc"] - b["auc"], "auc_gain_p05": low, "auc_gain_p95": high,
+                            "ne_gain": b["ne"] - m["ne"], "beats": m["auc"] > b["auc"] and m["ne"] < b["ne"]}
+    return out
 
 
 def train_model(data_dir: str | Path, output_dir: str | Path, model_config: GemConfig,
@@ -247,29 +290,32 @@ def _train_model(data_dir: str | Path, output_dir: str | Path, model_config: Gem
     clock["data"] = time.monotonic()
     seed_everything(tc.seed)
     model = GemModel(model_config)
-    model.init_output_bias(float(data.train.fields["clicked"].mean()), float(data.train.fields["converted"].mean()))
+    model.init_output_bias(*data.base_rates())
     model = model.to(device)
-    losses = fit(model, data.train, tc, device)
+    losses = fit(model, data.train, tc, device, weights=data.weights)
     clock["fit"] = time.monotonic()
-    model_scores = score(data.holdout, predict(model, data.holdout, device))
+    model_probs = predict(model, data.holdout, device)
+    model_scores = score(data.holdout, model_probs, data.holdout_weights)
     clock["evaluate"] = time.monotonic()
-    baseline = CountBaseline(data.train)
-    baseline_scores = score(data.holdout, baseline.predict(data.holdout))
+    baseline = CountBaseline(data.train, data.weights)
+    baseline_probs = baseline.predict(data.holdout)
+    baseline_scores = score(data.holdout, baseline_probs, data.holdout_weights)
     popularity = {t: baseline.features.popularity(data.holdout, t, train=False) for t in TASKS}
     clock["baseline"] = time.monotonic()
     out = Path(output_dir)
     checkpoint = save_checkpoint(model.cpu(), out)
     skip = {"enabled": model_config.component_skip, **evaluate_flops(model_config, data.holdout)}
     if tc.compare_skip:
-        skip.update(_skip_quality(model_config, model_scores, data.train, data.holdout, tc, device))
+        skip.update(_skip_quality(model_config, model_scores, data, tc, device))
     clock["end"] = time.monotonic()
     phases = list(clock)
     metrics = {
         "model_version": model.model_version,
         "model": model_scores,
         "baseline": {"name": "logistic regression on count features + popularity", **baseline_scores},
-        "popularity": score(data.holdout, popularity),
-        "model_vs_baseline": _comparison(model_scores, baseline_scores),
+        "popularity": score(data.holdout, popularity, data.holdout_weights),
+        "model_vs_baseline": _comparison(model_scores, baseline_scores, data.holdout, (model_probs, baseline_probs),
+                                         data.holdout_weights, tc.seed),
         "component_skip": skip,
         "data": data.summary,
         "training": {"epoch_losses": losses, "seconds": clock["end"] - clock["start"], "device": str(device),

@@ -30,6 +30,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-holdout", type=int, default=20_000,
                         help="holdout examples sampled from the last day; 0 = all (default: %(default)s)")
     parser.add_argument("--holdout-days", type=float, default=1.0, help="days held out at the end (default: 1)")
+    parser.add_argument("--positive-share", type=float, default=0.25,
+                        help="share of the training sample given to clicked/converted rows first (negatives "
+                             "fill the rest, rows weighted by their sampling rate); 0 = uniform (default: %(default)s)")
+    parser.add_argument("--interest-weight", type=float, default=0.2,
+                        help="weight of the user representation's next-category loss (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=256, help="examples per step (default: %(default)s)")
     parser.add_argument("--learning-rate", type=float, default=3e-3, help="peak AdamW rate (default: %(default)s)")
     parser.add_argument("--max-len", type=int, default=128,
@@ -95,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
                              max_len=args.max_len, component_skip=not args.no_component_skip)
     tc = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.learning_rate,
                      max_examples=args.max_examples or None, max_holdout=args.max_holdout or None,
-                     holdout_days=args.holdout_days, seed=args.seed, device=args.device,
+                     holdout_days=args.holdout_days, positive_share=args.positive_share or None,
+                     interest_weight=args.interest_weight, seed=args.seed, device=args.device,
                      progress=not args.no_progress, compare_skip=args.compare_skip)
     metrics = train_model(args.data, args.output, model_config, tc)
     summary = {part: {task: {k: metrics[part][task][k] for k in ("auc", "ne")} for task in ("click", "conversion")}

@@ -16,9 +16,10 @@ Then the real :class:`Resolver` answers every hidden pair, once with the normal 
 (the path mix) and once per fallback path alone, and each answer is compared with the
 hidden exact representation: cosine, and the click AUC of the model's click head fed
 the fallback vs the exact representation vs none (the mean pair representation), as
-the share of the exact representation's AUC gain kept. Head ``pair``: the part of the
-click head that reads the pair representation; head ``full``: the whole click head
-(plus the model's user·ad term) fed what serving has on each path (see ``_quality``).
+the share of the exact representation's AUC gain kept. The model's click head reads the
+pair representation and the surface alone, so the exact score is the model's own; the
+same-user path's user-level representation is scored by its dot product with the
+model's ad vector (see ``_quality``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from pipelines.model.data import load_features, split_by_time
 from pipelines.model.gem import GemModel
 from pipelines.similarity.build import BuildSpec, build_index, write_built
 from pipelines.similarity.metrics import cosine_rows, gain_table, same_segment_share
-from pipelines.similarity.model_reps import PairQueries, PairReps, click_logits, pair_reps, user_reps_at
+from pipelines.similarity.model_reps import PairQueries, PairReps, click_logits, pair_reps, user_ad_scores, user_reps_at
 from pipelines.similarity.policy import FALLBACKS, PATHS, FallbackPath, ResolverConfig
 from pipelines.similarity.replay import replay_requests
 from pipelines.similarity.resolver import Resolver
@@ -188,11 +189,11 @@ def _stored_user_reps(world: _World, users: np.ndarray) -> np.ndarray:
 
 def _quality(world: _World, model: GemModel, paths: np.ndarray, emb: np.ndarray, code: int, prior: np.ndarray,
              seed: int) -> dict[str, Any]:
-    """Cosine and AUC gain of the pairs answered by ``code``. Head ``pair``: the pair representation
-    alone. Head ``full``: the whole click head fed what serving has on that path (exact: the exact pair
-    and user representations; same-user paths: the fallback (or mean) pair and the stored user-level
-    representation; similar users: the blend and no user representation, since the policy reaches that
-    path only without a usable one; none: the mean pair and no user representation)."""
+    """Cosine and AUC gain of the pairs answered by ``code``. Head ``pair``: the model's click head
+    (which reads the pair representation and the surface alone) fed the exact pair representation,
+    the fallback and none (the mean pair representation). The same-user path answers with a
+    user-level representation, which is not in the pair space: head ``user`` ranks by its dot
+    product with the model's ad vector instead (exact and none as for head ``pair``)."""
     h = np.flatnonzero(world.hidden)
     sel = paths == code
     rows = h[sel]
@@ -201,20 +202,18 @@ def _quality(world: _World, model: GemModel, paths: np.ndarray, emb: np.ndarray,
         return out
     true = world.exact.pair[rows]
     none = np.broadcast_to(prior, true.shape)
-    surface, labels, ad = world.q.surface[rows], world.clicked[rows], world.exact.ad[rows]
-
-    def score(pair: np.ndarray, user: np.ndarray | None) -> np.ndarray:
-        return click_logits(model, pair, surface, user, None if user is None else ad)
-
-    stored = _stored_user_reps(world, world.q.user_id[rows])
-    if code != FallbackPath.SAME_USER:  # a user-level representation is not in the pair space
-        cos = cosine_rows(emb[sel], true)
-        out["cosine_mean"], out["cosine_median"] = float(np.nanmean(cos)), float(np.nanmedian(cos))
-        out["cosine_none_mean"] = float(np.nanmean(cosine_rows(none, true)))
-        out["head_pair"] = gain_table(labels, score(true, None), score(emb[sel], None), score(none, None), seed=seed)
-    fallback = {FallbackPath.SAME_USER_PAIR: (emb[sel], stored), FallbackPath.SAME_USER: (none, stored),
-                FallbackPath.SIMILAR_USERS: (emb[sel], None)}.get(FallbackPath(code), (none, None))
-    out["head_full"] = gain_table(labels, score(true, world.exact.user[rows]), score(*fallback), score(none, None),
+    surface, labels = world.q.surface[rows], world.clicked[rows]
+    exact_scores, none_scores = click_logits(model, true, surface), click_logits(model, none, surface)
+    if code == FallbackPath.SAME_USER:
+        stored = _stored_user_reps(world, world.q.user_id[rows])
+        out["head_user"] = gain_table(labels, exact_scores, user_ad_scores(stored, world.exact.ad[rows]),
+                                      none_scores, seed=seed)
+        return out
+    cos = cosine_rows(emb[sel], true)
+    out["cosine_mean"], out["cosine_median"] = float(np.nanmean(cos)), float(np.nanmedian(cos))
+    out["cosine_none_mean"] = float(np.nanmean(cosine_rows(none, true)))
+    fallback = emb[sel] if code != FallbackPath.NONE else none
+    out["head_pair"] = gain_table(labels, exact_scores, click_logits(model, fallback, surface), none_scores,
                                   seed=seed)
     return out
 

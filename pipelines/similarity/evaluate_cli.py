@@ -10,9 +10,9 @@ with each fallback path alone. Prints, per path: its share of hidden pairs, cosi
 the hidden exact representation, and the holdout click AUC of the model's click head
 fed the fallback vs the exact representation vs none (the mean pair representation),
 with the share of the exact representation's gain kept (90% bootstrap interval): head
-"pair" reads the pair representation alone; head "full" is the whole click head fed
-what serving has on that path (the stored user-level representation on the same-user
-paths, none on the similar-users path, which the policy reaches only without one).
+"pair" is the model's click head, which reads the pair representation and the surface
+alone; head "user" (the same-user path, whose user-level representation is not in the
+pair space) ranks by the user representation's dot product with the model's ad vector.
 With --candidates, the generator's candidate requests are replayed in time order
 (each request's pairs stored as precompute would; the last day resolved) for the
 path mix of a realistic stream. With --truth (the generator's X.truth folder): the share of each user's k neighbours
@@ -67,7 +67,7 @@ def print_report(report: dict[str, Any]) -> None:
           f"{'fallback':>8} {'none':>6} {'gain kept':>9} {'90% interval':>15}")
     for name in ("same_user_pair", "same_user", "similar_users"):
         q = report[name][name]
-        heads: list[str] = [h for h in ("pair", "full") if f"head_{h}" in q] or ["-"]
+        heads: list[str] = [h for h in ("pair", "user") if f"head_{h}" in q] or ["-"]
         for head in heads:
             g = q.get(f"head_{head}", {})
             print(f"{name:<15} {_f(q['share_of_hidden'], '.2f'):>6} {_f(q.get('cosine_mean')):>7} "

@@ -3,11 +3,9 @@
 Pair representations are cut by the precompute stage's own batch builder
 (``build_candidate_batch``: events strictly before the request time, device unknown),
 one single-ad request per pair at any chosen time, so the evaluation can make fresh, day-old and neighbours'
-representations of the same ad. The click head is split from the model so that a
-fallback representation can be fed to it in place of the exact one:
-
-    logit = task_mlp(pair * (1 + gamma_s) + beta_s)[click] + surface_bias_s[click]
-            + dot_scale[click] * <user, ad>                 (the user term; optional here)
+representations of the same ad. The model's click head reads nothing but the pair
+representation and the surface (``GemModel.heads``), so a fallback representation can be
+fed to it in place of the exact one.
 """
 
 from __future__ import annotations
@@ -17,12 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import torch
-import torch.nn.functional as F
 
 from pipelines.model.batch import GemBatch, HistoryIndex, build_candidate_batch
 from pipelines.model.gem import GemModel
 
-__all__ = ["PairQueries", "PairReps", "click_logits", "pair_reps", "user_reps_at"]
+__all__ = ["PairQueries", "PairReps", "click_logits", "pair_reps", "user_ad_scores", "user_reps_at"]
 
 CHUNK = 512
 
@@ -82,7 +79,7 @@ def pair_reps(model: GemModel, index: HistoryIndex, q: PairQueries, as_of_ms: np
         rows = np.arange(start, min(start + chunk, len(q)))
         batch = _batch(index, q.take(rows), as_of[rows], model.config.max_len, user_level).to(device)
         out = model(batch)
-        ad = F.normalize(model.ad_vector(model.embed.target(batch).flatten(1)), dim=-1)
+        ad = model.ad_embedding(model.embed.target(batch))
         parts.append(tuple(t.float().cpu().numpy() for t in (out.pair_embedding, out.user_embedding, ad,
                                                              out.click_logit)))
     r = model.config.representation_dim
@@ -102,17 +99,14 @@ def user_reps_at(model: GemModel, index: HistoryIndex, as_of_ms: int) -> tuple[n
 
 
 @torch.inference_mode()
-def click_logits(model: GemModel, pair: np.ndarray, surface: np.ndarray, user: np.ndarray | None = None,
-                 ad: np.ndarray | None = None) -> np.ndarray:
-    """The click logit ``(N,)`` from a pair representation ``(N, R)`` (and, when given, the user·ad term)."""
+def click_logits(model: GemModel, pair: np.ndarray, surface: np.ndarray) -> np.ndarray:
+    """The model's click logit ``(N,)`` from pair representations ``(N, R)`` and surfaces ``(N,)``."""
     device = next(model.parameters()).device
     p = torch.as_tensor(np.array(pair, np.float32), device=device)
     s = torch.as_tensor(np.asarray(surface, np.int64), device=device)
-    s = torch.where(s < 0, model.config.num_surfaces, s)
-    gamma, beta = model.film(s).chunk(2, dim=-1)
-    logits = model.task_mlp(p * (1 + gamma) + beta) + model.surface_bias(s)
-    if user is not None and ad is not None:
-        u = torch.as_tensor(np.asarray(user, np.float32), device=device)
-        a = torch.as_tensor(np.asarray(ad, np.float32), device=device)
-        logits = logits + model.dot_scale * (u * a).sum(-1, keepdim=True)
-    return logits[:, 0].float().cpu().numpy()
+    return model.heads(p, s)[0].float().cpu().numpy()
+
+
+def user_ad_scores(user: np.ndarray, ad: np.ndarray) -> np.ndarray:
+    """``<user, ad> (N,)``: how a user-level representation alone ranks ads (the model's ad vectors)."""
+    return (np.asarray(user, np.float32) * np.asarray(ad, np.float32)).sum(axis=1)

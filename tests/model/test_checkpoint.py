@@ -9,6 +9,7 @@ import torch
 
 from pipelines.errors import ConfigError
 from pipelines.model.checkpoint import CheckpointError, load_model, resolve_device, save_checkpoint
+from pipelines.model.config import ARCHITECTURE_VERSION
 from pipelines.model.gem import GemModel
 from tests.model.factories import random_batch, tiny_config
 
@@ -27,7 +28,8 @@ def test_round_trip_gives_identical_outputs_and_version(saved: tuple[GemModel, P
     batch = random_batch([5, 0, 11])
     with torch.no_grad():
         assert torch.equal(model(batch).click_logit, loaded(batch).click_logit)
-    assert loaded.model_version == model.model_version and loaded.model_version.startswith("gem1-")
+    assert loaded.model_version == model.model_version
+    assert loaded.model_version.startswith(f"gem{ARCHITECTURE_VERSION}-")
     assert not loaded.training
     assert loaded.config == model.config
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -125,3 +127,43 @@ def test_conversion_probability_is_click_times_conversion_after_click() -> None:
     torch.testing.assert_close(torch.sigmoid(logit), torch.sigmoid(click) * torch.sigmoid(after))
     logit.sum().backward()
     assert click.grad is not None and torch.isfinite(click.grad).all()
+
+
+def test_user_representation_reads_the_history_only() -> None:
+    model = GemModel(tiny_config()).eval()
+    batch = random_batch([4, 0, 11], seed=5)
+    other = random_batch([4, 0, 11], seed=6)
+    request = {name: getattr(other, name) for name in ("user_id", "request_surface", "device", "target_item",
+                                                       "target_advertiser", "target_category", "target_is_ad")}
+    moved = dataclasses.replace(batch, **request)
+    with torch.no_grad():
+        torch.testing.assert_close(model(batch).user_embedding, model(moved).user_embedding)
+
+
+def test_heads_read_only_the_pair_representation_and_the_surface() -> None:
+    model = GemModel(tiny_config()).eval()
+    batch = random_batch([3, 8, 1], seed=2)
+    with torch.no_grad():
+        out = model(batch)
+        click, _ = model.heads(out.pair_embedding, batch.request_surface)
+    torch.testing.assert_close(click, out.click_logit)
+
+
+def test_interest_loss_teaches_the_user_representation_the_categories_a_user_sees() -> None:
+    torch.manual_seed(0)
+    model = GemModel(tiny_config())
+    batch = random_batch([6] * 16, seed=1)
+    owner = torch.repeat_interleave(torch.arange(16), batch.lengths)
+    favourite = torch.arange(16) % 4  # each user's history and next impression share one category
+    batch = dataclasses.replace(batch, category=favourite[owner], target_category=favourite)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(40):
+        loss = model.interest_loss(model(batch).user_embedding, batch)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    assert losses[-1] < 0.5 * losses[0]
+    unknown = dataclasses.replace(batch, target_category=torch.full_like(favourite, -1))
+    assert float(model.interest_loss(model(unknown).user_embedding, unknown)) == 0.0

@@ -8,12 +8,13 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from pipelines.cli import main
 from pipelines.model.batch import HistoryIndex, build_user_batch
 from pipelines.model.checkpoint import load_model
-from pipelines.model.data import load_features
+from pipelines.model.data import load_features, sample_by_label
 from pipelines.model.toyworld import ToyWorld, make_world, write_features_dir
 from pipelines.model.train import TrainConfig, train_model
 from tests.model.factories import tiny_config
@@ -103,3 +104,20 @@ def test_missing_data_and_existing_model_are_clear_errors(features_dir: Path, tm
     (tmp_path / "m" / "model.pt").write_bytes(b"x")
     assert main(["train", "--data", str(features_dir), "--output", str(tmp_path / "m")]) == 2
     assert "--overwrite" in capsys.readouterr().err
+
+
+def test_label_sample_keeps_every_conversion_and_weights_back_to_the_table() -> None:
+    rng = np.random.default_rng(0)
+    clicked = rng.random(5000) < 0.05
+    converted = clicked & (rng.random(5000) < 0.2)
+    table = pa.table({"row": np.arange(5000), "clicked": clicked, "converted": converted})
+    sample, weights = sample_by_label(table, 800, 0.25, seed=1)
+    assert sample.num_rows == 800 and len(weights) == 800
+    rows = sample.column("row").to_numpy()
+    assert np.all(np.diff(rows) > 0) and set(np.flatnonzero(converted)) <= set(rows.tolist())
+    for name, labels in (("clicked", clicked), ("converted", converted)):
+        got = sample.column(name).to_numpy(zero_copy_only=False).astype(float)
+        assert np.average(got, weights=weights) == pytest.approx(labels.mean())
+    assert weights.sum() == pytest.approx(5000)
+    uniform, ones = sample_by_label(table, 800, None, seed=1)
+    assert uniform.num_rows == 800 and np.all(ones == 1)

@@ -49,7 +49,7 @@ def test_click_head_split_reproduces_the_model(world: Path) -> None:
 
     q = PairQueries(col("user_id"), col("item_id"), col("advertiser_id"), col("item_category"), col("surface"))
     reps = pair_reps(model, HistoryIndex(histories), q, rows.column("event_time").cast(pa.int64()).to_numpy())
-    np.testing.assert_allclose(click_logits(model, reps.pair, q.surface, reps.user, reps.ad), reps.click_logit,
+    np.testing.assert_allclose(click_logits(model, reps.pair, q.surface), reps.click_logit,
                                rtol=1e-5, atol=1e-5)
 
 
@@ -64,11 +64,10 @@ def test_evaluate_fallback_reports_every_path(world: Path, capsys: pytest.Captur
     assert report["hidden"] > 0 and sum(report["policy"]["mix"].values()) == report["hidden"]
     alone = report["similar_users"]["similar_users"]
     assert alone["share_of_hidden"] > 0.5 and -1.0 <= alone["cosine_mean"] <= 1.0
-    for head in ("head_pair", "head_full"):
-        assert {"auc_exact", "auc_fallback", "auc_none", "gain_kept"} <= set(alone[head])
+    assert {"auc_exact", "auc_fallback", "auc_none", "gain_kept"} <= set(alone["head_pair"])
     assert report["same_user_pair"]["same_user_pair"]["share_of_hidden"] == 1.0  # every hidden pair has its day-old
     level = report["same_user"]["same_user"]
-    assert "head_full" in level and "head_pair" not in level and "cosine_mean" not in level
+    assert "head_user" in level and "head_pair" not in level and "cosine_mean" not in level
     stream = report["stream"]["pairs_only"]
     assert stream["requests"] > 0 and sum(stream["mix"].values()) == stream["candidates"]
     assert stream["mix"]["same_user"] == 0
