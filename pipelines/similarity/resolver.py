@@ -30,7 +30,7 @@ from pipelines.errors import PipelinesError
 from pipelines.similarity.faiss_ops import faiss
 from pipelines.similarity.policy import PATHS, FallbackPath, ResolverConfig, blend_neighbors, pick_paths
 from pipelines.similarity.user_index import UserIndex
-from pipelines.store import Clock, OnlineStore, ReadResult
+from pipelines.store import Clock, OnlineStore, ReadResult, pair_grid
 
 __all__ = ["Answer", "DimensionMismatchError", "Resolution", "Resolver", "VersionMismatchError"]
 
@@ -198,8 +198,8 @@ class Resolver:
         cols = np.flatnonzero(first.path == FallbackPath.NONE)
         if not len(cols) or not len(neighbor_ids):
             return replace(first, neighbor_ids=neighbor_ids)
-        late = self.store.read_arrays(np.repeat(neighbor_ids, len(cols)), np.tile(ads[cols], len(neighbor_ids)),
-                                      np.ones(len(neighbor_ids) * len(cols), dtype=bool))
+        users, pair_ads, order = pair_grid(neighbor_ids, ads[cols])
+        late = self.store.read_arrays(users, pair_ads, np.ones(len(users), dtype=bool), order=order)
         self._check(late, "neighbours' pair records")
         return self._decide(user, ads, neighbor_ids, similarity, read.pairs, read.user, (late, cols), now_s)
 

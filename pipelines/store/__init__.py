@@ -20,6 +20,7 @@ from pipelines.store.base import (
     StoreOptions,
     StoreUnavailableError,
     WriteReport,
+    pair_grid,
 )
 from pipelines.store.batch import RepresentationArrays
 from pipelines.store.codec import NULL_MS, Encoding, Key, record_nbytes
@@ -51,6 +52,7 @@ __all__ = [
     "WriteReport",
     "default_redis_url",
     "open_store",
+    "pair_grid",
     "parse_duration",
     "parse_store_uri",
     "record_nbytes",

@@ -52,17 +52,19 @@ class ReadResult:
         ad_id: np.ndarray,
         has_ad: np.ndarray,
         decoded: DecodedRecords,
+        order: np.ndarray,
         versions: dict[int, str],
         *,
         now_s: float,
         max_age_s: float | None,
         expire_after_s: float | None,
     ) -> ReadResult:
-        """Scatter decoded records into rows aligned with the keys; apply expiry and staleness."""
+        """Scatter decoded records into rows aligned with the keys; apply expiry and staleness.
+        ``order`` (N,): the row of each value read (the keys were read in this order)."""
         n, dim = len(user_id), decoded.dim
         age = now_s - decoded["computed_at_ms"] / 1000.0
         live = np.ones(len(age), dtype=bool) if expire_after_s is None else age <= expire_after_s
-        at = decoded.index[live]
+        at = order[decoded.index[live]]
         found = np.zeros(n, dtype=bool)
         found[at] = True
         codes = np.zeros((n, dim), dtype=np.float16)

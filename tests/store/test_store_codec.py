@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipelines.errors import LayoutError
-from pipelines.store import RepresentationArrays, record_nbytes
+from pipelines.store import RepresentationArrays, pair_grid, record_nbytes
 from pipelines.store.codec import (
     COMPUTED_AT_OFFSET,
     HEADER_BYTES,
@@ -140,3 +140,10 @@ def test_arrays_from_arrow_check_the_columns() -> None:
     empty_version = table.set_column(6, "model_version", pa.array(["v1", ""]))
     with pytest.raises(ValueError, match="model_version"):
         RepresentationArrays.from_arrow(empty_version)
+
+
+@given(st.lists(ids, unique=True, max_size=6), st.lists(ids, unique=True, max_size=12))
+def test_pair_grid_rows_and_key_order(users: list[int], ads: list[int]) -> None:
+    user_col, ad_col, order = pair_grid(np.array(users, np.int64), np.array(ads, np.int64))
+    assert list(zip(user_col.tolist(), ad_col.tolist(), strict=True)) == [(u, a) for u in users for a in ads]
+    np.testing.assert_array_equal(order, np.lexsort((ad_col, user_col)))
