@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -193,15 +193,23 @@ class Resolver:
             self._check(read.neighbor_pairs, "neighbours' pair records")
             return self._decide(user, ads, neighbor_ids, similarity, read.pairs, read.user,
                                 (read.neighbor_pairs, np.arange(len(ads))), now_s)
-        first = self._decide(user, ads, neighbor_ids[:0], similarity[:0], read.pairs, read.user,
-                             (read.neighbor_pairs, np.zeros(0, np.int64)), now_s)
-        cols = np.flatnonzero(first.path == FallbackPath.NONE)
+        cols = np.flatnonzero(self._paths(read.pairs, read.user, np.zeros(len(ads), np.int64), now_s)[0]
+                              == FallbackPath.NONE)
         if not len(cols) or not len(neighbor_ids):
-            return replace(first, neighbor_ids=neighbor_ids)
+            return self._decide(user, ads, neighbor_ids, similarity, read.pairs, read.user,
+                                (read.neighbor_pairs, cols[:0]), now_s)
         users, pair_ads, order = pair_grid(neighbor_ids, ads[cols])
         late = self.store.read_arrays(users, pair_ads, np.ones(len(users), dtype=bool), order=order)
         self._check(late, "neighbours' pair records")
         return self._decide(user, ads, neighbor_ids, similarity, read.pairs, read.user, (late, cols), now_s)
+
+    def _paths(self, pairs: ReadResult, user: ReadResult, neighbors_used: np.ndarray, now_s: float
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(path, pair_age, user_age)``: the policy's choice given how many neighbours each ad has."""
+        pair_age, user_age = self._ages(pairs, now_s), self._ages(user, now_s)
+        path = pick_paths(self.config, pair_found=pairs.found, pair_age=pair_age, user_found=bool(user.found[0]),
+                          user_age=float(user_age[0]), neighbors_used=neighbors_used)
+        return path, pair_age, user_age
 
     def _decide(self, user_id: int, ads: np.ndarray, neighbor_ids: np.ndarray, similarity: np.ndarray,
                 pairs: ReadResult, user: ReadResult, neighbors: tuple[ReadResult, np.ndarray], now_s: float
@@ -213,10 +221,8 @@ class Resolver:
         nb_age = self._ages(neighbor_pairs, now_s).reshape(k, c)
         nb_ok = neighbor_pairs.found.reshape(k, c) & (nb_age <= self.config.fallback_max_age_s)
         used = np.zeros(a, np.int64)
-        used[nb_cols] = (nb_ok & (np.nan_to_num(similarity, nan=0.0)[:, None] > 0)).sum(axis=0)
-        pair_age, user_age = self._ages(pairs, now_s), self._ages(user, now_s)
-        path = pick_paths(self.config, pair_found=pairs.found, pair_age=pair_age, user_found=bool(user.found[0]),
-                          user_age=float(user_age[0]), neighbors_used=used)
+        used[nb_cols] = (nb_ok & (similarity > 0)[:, None]).sum(axis=0)  # NaN > 0 is False
+        path, pair_age, user_age = self._paths(pairs, user, used, now_s)
         embedding = np.full((a, dim), np.nan, np.float32)
         age = np.full(a, np.nan)
         p_click = np.full(a, np.nan, np.float32)

@@ -203,8 +203,7 @@ class OnlineStore(abc.ABC):
         if order is None:
             order = np.lexsort((ad_id, user_id))
         decoded = DecodedRecords(self._get(encode_keys(user_id[order], ad_id[order], has_ad[order])))
-        ids = np.unique(decoded["version_id"]).tolist()
-        unknown = sorted(set(ids) - self._version_names.keys())
+        unknown = sorted(set(decoded.versions[0].tolist()) - self._version_names.keys())
         if unknown:
             self._version_names.update(self._versions(unknown))
         return ReadResult.build(

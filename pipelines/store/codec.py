@@ -25,6 +25,7 @@ import hashlib
 import operator
 import struct
 from collections.abc import Sequence
+from functools import cache, cached_property
 from itertools import compress, repeat
 from typing import Literal, cast
 
@@ -44,6 +45,7 @@ _USER = struct.Struct(">q")
 _PAIR = struct.Struct(">qq")
 
 
+@cache
 def record_dtype(encoding: Encoding, dim: int) -> np.dtype:
     """The structured dtype of one stored value."""
     return np.dtype(
@@ -192,6 +194,15 @@ class DecodedRecords:
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self._fields[name]
+
+    @cached_property
+    def versions(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids, which)``: the distinct version ids and, per record, the index of its own in ``ids``."""
+        found = self._fields["version_id"]
+        if len(found) and (found == found[0]).all():  # the usual read: one model version
+            return found[:1].copy(), np.zeros(len(found), dtype=np.intp)
+        ids, which = np.unique(found, return_inverse=True)
+        return ids, which.reshape(-1)
 
 
 def _layout(head: bytes) -> np.dtype:

@@ -63,7 +63,7 @@ class ReadResult:
         ``order`` (N,): the row of each value read (the keys were read in this order)."""
         n, dim = len(user_id), decoded.dim
         age = now_s - decoded["computed_at_ms"] / 1000.0
-        live = np.ones(len(age), dtype=bool) if expire_after_s is None else age <= expire_after_s
+        live: slice | np.ndarray = slice(None) if expire_after_s is None else age <= expire_after_s
         at = order[decoded.index[live]]
         found = np.zeros(n, dtype=bool)
         found[at] = True
@@ -71,11 +71,11 @@ class ReadResult:
         codes[at] = decoded["codes"][live]
         scale = _full(n, np.nan, np.float32, at, np.where(decoded["int8"], decoded["scale"], np.nan)[live])
         ages = _full(n, np.nan, np.float64, at, age[live])
-        ids, row_id = np.unique(decoded["version_id"][live], return_inverse=True)
+        ids, which = decoded.versions
         names = np.empty(len(ids), dtype=object)
         names[:] = [versions.get(v) for v in ids.tolist()]
         version = np.full(n, None, dtype=object)
-        version[at] = names[row_id]
+        version[at] = names[which[live]]
         return cls(
             user_id=user_id,
             ad_id=ad_id,
