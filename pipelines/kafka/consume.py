@@ -251,7 +251,13 @@ class ConfluentFetcher:
         conf: dict[str, Any] = {**connection.librdkafka(), "group.id": "gem-pipelines-reader",
                                 "enable.auto.commit": False, "enable.auto.offset.store": False,
                                 "enable.partition.eof": True, "fetch.max.bytes": 64 << 20,
-                                "queued.max.messages.kbytes": 256 << 10, "check.crcs": False,
+                                "max.partition.fetch.bytes": 8 << 20, "check.crcs": False,
+                                # Prefetch is bounded by bytes only: with the default queued.min.messages
+                                # (100k) librdkafka stopped fetching whenever the reader was 100k behind
+                                # ("Fetch backoff for 1000ms: Local: Queue full") and consume() sat idle
+                                # for ~0.9 s twice per 0.3M messages in a lab run.
+                                "queued.min.messages": 10_000_000, "queued.max.messages.kbytes": 64 << 10,
+                                "fetch.queue.backoff.ms": 5,
                                 # No long poll at the log end: it would hold up the fetch for the next range.
                                 "fetch.wait.max.ms": 10}
         self._consumer = Consumer(conf)

@@ -118,7 +118,7 @@ class Payloads:
         starts = np.zeros(len(payloads), dtype=np.int64)
         if len(payloads) > 1:
             np.cumsum(lengths[:-1] + 1, out=starts[1:])
-        data = b"\n".join(payloads) + b"\n" if payloads else b""
+        data = b"\n".join([*payloads, b""])  # one copy, with the last separator
         return cls(data, starts, lengths)
 
     def __len__(self) -> int:
@@ -210,7 +210,12 @@ def _owners(payloads: Payloads, positions: np.ndarray) -> np.ndarray:
 
 
 def _suspects(payloads: Payloads) -> np.ndarray:
-    """``(n,)`` bool: True where Arrow's reader might not agree with parse_json_lines."""
+    """``(n,)`` bool: True where Arrow's reader might not agree with parse_json_lines.
+
+    Each rule first asks the whole buffer with a C byte search (``bytes.count``,
+    ``in``), which is several times cheaper than a numpy pass; only a batch that
+    holds the byte pays for locating it.
+    """
     data, starts, lengths = payloads.data, payloads.starts, payloads.lengths
     raw = np.frombuffer(data, dtype=np.uint8)
     ends = starts + lengths  # the separators
@@ -218,13 +223,12 @@ def _suspects(payloads: Payloads) -> np.ndarray:
     opens = raw[starts] == ord("{")
     sus |= ~opens
     sus |= raw[np.maximum(ends - 1, 0)] != ord("}")
-    newlines = raw == ord("\n")
-    if np.count_nonzero(newlines) != len(payloads):
-        sus[_owners(payloads, np.setdiff1d(np.flatnonzero(newlines), ends))] = True
+    if data.count(b"\n") != len(payloads):
+        sus[_owners(payloads, np.setdiff1d(np.flatnonzero(raw == ord("\n")), ends))] = True
     for byte in (b"\x00", b"\r"):
         if byte in data:
             sus[_owners(payloads, np.flatnonzero(raw == ord(byte)))] = True
-    marks = [_token_starts(raw, token) for token in _TOKENS]
+    marks = [_token_starts(raw, token) for token in _TOKENS if token in data]
     if _iso_times_likely(payloads):
         marks += [np.asarray(_find_all(data, token), dtype=np.int64) for token in _ISO_TIME_TOKENS]
     for found in marks:
@@ -234,10 +238,9 @@ def _suspects(payloads: Payloads) -> np.ndarray:
             sus[i] |= not _is_utf8(payloads.get(int(i)))
     # Equal counts mean each payload that opens with "{" holds no other "{".
     for byte, most, usual in ((b"{", 1, int(opens.sum())), (b"[", _MAX_OPENERS, _MAX_OPENERS)):
-        hits = raw == ord(byte)
-        if np.count_nonzero(hits) > usual:
-            per_payload = np.bincount(_owners(payloads, np.flatnonzero(hits)), minlength=len(payloads))
-            sus |= per_payload > most
+        if data.count(byte) > usual:
+            hits = np.flatnonzero(raw == ord(byte))
+            sus |= np.bincount(_owners(payloads, hits), minlength=len(payloads)) > most
     return sus
 
 
