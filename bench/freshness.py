@@ -81,6 +81,7 @@ def main() -> None:
     connection = KafkaConnection(bootstrap_servers=(bootstrap,))
     topic, group = f"bench-fresh-{uuid.uuid4().hex[:8]}", f"bench-fresh-{uuid.uuid4().hex[:8]}"
     out = WORK / "freshness" / topic
+    out.mkdir(parents=True, exist_ok=True)
     ensure_topic(connection, topic, 4)
     job = subprocess.Popen([sys.executable, "-m", "pipelines", "stream", "--topic", topic, "--group", group,
                             "--output", str(out), "--num-shards", "4", "--flush-interval", str(FLUSH_S),

@@ -6,12 +6,15 @@ The job, on a streaming runner (Beam's Prism, built by ``make prism``):
    consumer group's committed offset, decodes each batch with the batch decoder
    and emits (shard, EVENT table + ``_partition``/``_offset``) pairs, dead
    letters, and acknowledgements for offsets that hold no record;
-2. ``AppendHistories`` is keyed by user shard: a bag of buffered event tables and
-   the shard's current histories are Beam state; a processing-time timer
-   (``flush_interval_s``) merges the buffer into the histories (late events go to
-   their place by event time), writes the changed rows as a Parquet flush file
-   (atomically), publishes them to a topic when asked (confirmed), and then
-   acknowledges the flushed offsets;
+2. ``AppendHistories`` is keyed by user shard: it buffers event tables in the
+   worker (:data:`pipelines.kafka.stream_state.PENDING`) and, once the oldest has
+   waited ``flush_interval_s`` (and at the end of input: an event-time timer),
+   merges them into the shard's histories (late events go to their place by event
+   time), writes the changed rows as a Parquet flush file (atomically), publishes
+   them to a topic when asked (confirmed), and then acknowledges the flushed
+   offsets. The shard's flush files are its state; the worker keeps it in memory
+   between flushes (:data:`pipelines.kafka.stream_state.SHARD_STATES`) and
+   checks it against the files under the shard lock;
 3. dead letters are written (Parquet, optional topic) and acknowledged likewise;
 4. ``CommitOffsets``, keyed by partition, commits to the group the first offset
    not yet durable (:class:`pipelines.kafka.stream_state.OffsetLedger`).
@@ -33,18 +36,16 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-from apache_beam.coders import VarIntCoder
 from apache_beam.io.restriction_trackers import OffsetRange, OffsetRestrictionTracker
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.transforms.core import RestrictionProvider
 from apache_beam.transforms.timeutil import TimeDomain
-from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
+from apache_beam.transforms.userstate import TimerSpec, on_timer
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import Duration
 
 from pipelines.errors import ConfigError
 from pipelines.features.sharding import split_by_shard
-from pipelines.io.arrow_coder import ArrowTableCoder
 from pipelines.kafka.config import KafkaConnection
 from pipelines.kafka.consume import PartitionPoller
 from pipelines.kafka.decode import decode_indexed
@@ -118,10 +119,7 @@ class _Restrictions(RestrictionProvider):
 
 
 # Beam takes state, timers and restrictions as parameter defaults; module-level singletons keep that readable.
-_BUFFER = BagStateSpec("buffer", ArrowTableCoder())
-_ARMED = ReadModifyWriteStateSpec("armed", VarIntCoder())  # wall ms of the oldest buffered element
 _END_OF_INPUT = TimerSpec("end_of_input", TimeDomain.WATERMARK)
-BUFFER, ARMED = beam.DoFn.StateParam(_BUFFER), beam.DoFn.StateParam(_ARMED)
 END_OF_INPUT, KEY = beam.DoFn.TimerParam(_END_OF_INPUT), beam.DoFn.KeyParam
 RESTRICTION = beam.DoFn.RestrictionParam(_Restrictions())
 
@@ -243,8 +241,8 @@ class _AppendHistoriesFn(beam.DoFn):
     arrives and the oldest buffered one has waited ``flush_interval_s``, and once
     more when the input ends (an event-time timer at the end of the global
     window). Processing-time timers are not used: on Prism they fire late while a
-    stage keeps receiving bundles, and a timer bundle that overlapped a data
-    bundle of the same key lost that bundle's buffered events in lab runs.
+    stage keeps receiving bundles. The buffer is not bag state either: Prism ran
+    overlapping bundles of one key that lost appends (see ``PendingEvents``).
     """
 
     def __init__(self, connection: KafkaConnection, config: StreamConfig) -> None:
@@ -253,41 +251,39 @@ class _AppendHistoriesFn(beam.DoFn):
     def setup(self) -> None:
         self._sink = open_sink(self._connection, self._config.histories_topic)
 
-    def process(self, element: tuple[int, pa.Table], buffer: Any = BUFFER, armed: Any = ARMED,
-                end: Any = END_OF_INPUT) -> Iterator[tuple[int, np.ndarray]]:
-        if element[1].num_rows:
-            buffer.add(element[1])
-        now_ms = int(time.time() * 1000)
-        since = armed.read()
-        if not since:
-            if element[1].num_rows:
-                armed.write(now_ms)
-                end.set(GlobalWindow().max_timestamp())
-        elif now_ms - since >= self._config.flush_interval_s * 1000:
-            yield from self._flush(element[0], buffer, armed)
+    def process(self, element: tuple[int, pa.Table], end: Any = END_OF_INPUT) -> Iterator[tuple[int, np.ndarray]]:
+        from pipelines.kafka.stream_state import PENDING
+
+        shard, table = element
+        key, now = (self._config.output, shard), time.monotonic()
+        if table.num_rows and PENDING.add(key, table, now):
+            end.set(GlobalWindow().max_timestamp())
+        yield from self._flush(shard, PENDING.take(key, now, self._config.flush_interval_s))
 
     @on_timer(_END_OF_INPUT)
-    def on_end(self, shard: Any = KEY, buffer: Any = BUFFER, armed: Any = ARMED) -> Iterator[tuple[int, np.ndarray]]:
-        yield from self._flush(shard, buffer, armed)
+    def on_end(self, shard: Any = KEY) -> Iterator[tuple[int, np.ndarray]]:
+        from pipelines.kafka.stream_state import PENDING
 
-    def _flush(self, shard: int, buffer: Any, armed: Any) -> Iterator[tuple[int, np.ndarray]]:
+        yield from self._flush(shard, PENDING.take((self._config.output, shard)))
+
+    def _flush(self, shard: int, buffered: list[pa.Table]) -> Iterator[tuple[int, np.ndarray]]:
         from pipelines.kafka.encode import histories_to_json
-        from pipelines.kafka.stream_state import latest_histories, needs_compaction, shard_lock
+        from pipelines.kafka.stream_state import COMPACT_EVERY, SHARD_STATES, shard_lock
 
-        tables = [t for t in buffer.read() if t.num_rows]
-        armed.clear()
+        tables = [t for t in buffered if t.num_rows]
         if not tables:
             return
         events = pa.concat_tables(tables)
         output = self._config.output
         with shard_lock(output, shard):  # the shard's files are the state (see shard_lock)
-            merged = merge_shard(events, latest_histories(output, shard), max_history=self._config.max_history)
-            full = needs_compaction(output, shard)
-            write_flush(merged.state if full else merged.changed, flush_path(output, shard, full=full))
+            state, files = SHARD_STATES.load(output, shard)
+            merged = merge_shard(events, state, max_history=self._config.max_history)
+            full = files >= COMPACT_EVERY
+            path = write_flush(merged.state if full else merged.changed, flush_path(output, shard, full=full))
+            SHARD_STATES.wrote(output, shard, path, merged.state, full=full)
         if self._sink is not None:
             self._sink.send_many(histories_to_json(merged.changed))
             self._sink.flush()
-        buffer.clear()
         partitions = events.column(PARTITION).to_numpy()
         offsets = events.column(OFFSET).to_numpy()
         for p in np.unique(partitions):

@@ -10,7 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipelines.features.histories import build_histories
-from pipelines.kafka.stream_state import OffsetLedger, flush_path, latest_histories, merge_shard, write_flush
+from pipelines.kafka.stream_state import (
+    OffsetLedger,
+    PendingEvents,
+    ShardStates,
+    flush_path,
+    latest_histories,
+    merge_shard,
+    write_flush,
+)
 from tests.features.factories import event, events_table
 
 
@@ -78,6 +86,44 @@ def test_a_full_file_starts_the_state_and_older_files_are_ignored(tmp_path: Path
     # A stale flush file older than the full one must not win over it.
     write_flush(first.changed, flush_path(str(tmp_path), 0, clock_ns=0))
     assert latest_histories(str(tmp_path), 0).equals(third.state)
+
+
+def test_cached_shard_state_follows_the_files_whoever_writes_them(tmp_path: Path) -> None:
+    out, rng = str(tmp_path), np.random.default_rng(3)
+    states, other = ShardStates(), ShardStates()  # this job, and a second writer (another process)
+    state, files = states.load(out, 0)
+    assert (state.num_rows, files) == (0, 0)
+    clock = iter(range(1, 100))
+    for k, (writer, full) in enumerate([(states, False), (states, False), (other, False), (states, True),
+                                        (states, False), (other, True), (states, False)]):
+        state, _ = writer.load(out, 0)
+        merged = merge_shard(_events(rng, 15, f"w{k}-"), state, max_history=40)
+        path = write_flush(merged.state if full else merged.changed, flush_path(out, 0, next(clock), full=full))
+        writer.wrote(out, 0, path, merged.state, full=full)
+        for reader in (states, other):
+            assert reader.load(out, 0)[0].equals(latest_histories(out, 0))
+        assert latest_histories(out, 0).equals(merged.state)
+    # A file named before the newest one the cache knows (a late writer) is not missed either.
+    late = merge_shard(_events(rng, 5, "late-"), None, max_history=40)
+    write_flush(late.changed, flush_path(out, 0, 50))
+    write_flush(late.changed, flush_path(out, 0, 0))
+    assert states.load(out, 0)[0].equals(latest_histories(out, 0))
+    assert states.load(out, 0)[1] == 3  # the last full file (stamp 6), then stamps 7 and 50; 0 is before it
+
+
+def test_pending_events_are_taken_once_the_oldest_has_waited() -> None:
+    rng = np.random.default_rng(4)
+    pending, key, other = PendingEvents(), ("out", 0), ("out", 1)
+    a, b, c = (_events(rng, 3, p) for p in "abc")
+    assert pending.add(key, a, now=10.0)  # the first table arms the key
+    assert not pending.add(key, b, now=10.2)
+    assert pending.add(other, c, now=10.2)
+    assert pending.take(key, now=10.2, after_s=0.25) == []  # the oldest waited 0.2 s
+    assert pending.take(key, now=10.3, after_s=0.25) == [a, b]
+    assert pending.take(key, now=99.0, after_s=0.25) == []  # nothing left, and disarmed
+    assert pending.add(key, a, now=11.0)
+    assert pending.take(key) == [a]  # end of input: whatever is there
+    assert pending.take(other) == [c]
 
 
 def test_path_lock_serialises_threads(tmp_path: Path) -> None:
