@@ -3,8 +3,9 @@
 ::
 
     history (L, D) ─ layers: [local block attention] [global pooled summary] ─► summary (B, K, D)
-    summary + history-level tokens (count, dense counts) ─► user representation (B, R), L2-normalised
-        (trained also to predict the category of the user's next impression: ``interest_loss``)
+    summary + the history's mean category embedding ─► user representation (B, R), L2-normalised
+        (trained also to predict the category of the user's next impression and the category mix
+        of its history: ``interest_loss``)
     target ad tokens ─ query the final history tokens ─► target-aware token (B, 1, D)
     target ad ─ hard search of the history (same item / advertiser / category, per event type) ─► match token
     summary + user rep + context + target ad (+ target-aware) tokens ─► MoE (FM/DCN) ─┐
@@ -33,9 +34,6 @@ from pipelines.model.embed import CATEGORY_SALT, NUM_CONTEXT_TOKENS, NUM_TARGET_
 from pipelines.model.interaction import MixtureOfExperts
 from pipelines.model.jagged import BlockLayout, to_padded_dense
 from pipelines.model.match import NUM_MATCH_FEATURES, match_features
-
-#: Context tokens the user representation reads: history count and dense prefix counts (see ``embed``).
-USER_CONTEXT = [3, 4]
 
 
 def conversion_logit(click_logit: torch.Tensor, after_click_logit: torch.Tensor) -> torch.Tensor:
@@ -111,7 +109,7 @@ class GemModel(nn.Module):
         self.layers = nn.ModuleList(SequenceLayer(c, local, global_) for local, global_ in c.layer_plan())
         r = c.representation_dim
         self.user_head = nn.Sequential(
-            nn.Linear((c.num_seeds + len(USER_CONTEXT)) * c.d_model, 2 * r), nn.SiLU(), nn.Linear(2 * r, r))
+            nn.Linear((c.num_seeds + 1) * c.d_model, 2 * r), nn.SiLU(), nn.Linear(2 * r, r))
         self.interest = nn.Linear(r, c.d_model)  # user rep -> query over the category table
         self.user_token = nn.Linear(r, c.d_model)
         self.target_attention = TargetAttention(c.d_model, c.num_heads) if c.target_attention else None
@@ -181,9 +179,12 @@ class GemModel(nn.Module):
         target = self.embed.target(batch)  # (B, 4, D)
         summary, targeted = encode(self.embed.sequence(batch), batch.offsets, target)  # (B, K, D)
         context = self.embed.context(batch)  # (B, 5, D)
-        # the user rep reads the history alone (no surface, device or hashed user id), so a
-        # user-level row (no request) gets the representation training shaped
-        user = F.normalize(self.user_head(torch.cat([summary, context[:, USER_CONTEXT]], 1).flatten(1)), dim=-1)
+        # the user rep reads the history's summary alone (no request, activity counts or hashed
+        # user id), so a user-level row gets the representation training shaped and neighbours
+        # in it share interests rather than activity levels
+        mix = self.category_mix(batch)  # (B, C) share of the history's events per category
+        profile = mix @ self.embed.category.weight  # (B, D): the history's mean category embedding
+        user = F.normalize(self.user_head(torch.cat([summary.flatten(1), profile], 1)), dim=-1)
         parts = [summary, self.user_token(user)[:, None], context, target]
         dense = torch.cat([batch.counts, batch.target_is_ad[:, None].to(batch.counts.dtype)], dim=1)
         if targeted is not None:
@@ -213,17 +214,31 @@ class GemModel(nn.Module):
         return logits[:, 0], logits[:, 1]
 
     def interest_loss(self, user: torch.Tensor, batch: GemBatch) -> torch.Tensor:
-        """Cross-entropy of the target's category under a softmax over the category table,
-        queried by the user representation ``(B, R)``: what will this user be shown and
-        engage with next. It makes the user representation encode interests, so that
-        users near each other in it behave alike (rows without a category are skipped)."""
+        """How well the user representation ``(B, R)`` predicts, under a softmax over the
+        category table, the category of the row's target (what the user is shown and
+        engages with next) and the category mix of the history it read (cross-entropy
+        to the histogram). It makes the user representation encode interests, so users
+        near each other in it behave alike. Rows without a category (or history) are skipped."""
         table = self.embed.category.weight  # (C, D)
-        logits = self.interest(user) @ table.t() / table.shape[1] ** 0.5  # (B, C)
-        labels = hash_ids(batch.target_category, CATEGORY_SALT, table.shape[0])
+        log_p = F.log_softmax((self.interest(user) @ table.t()).float() / table.shape[1] ** 0.5, dim=-1)  # (B, C)
+        zero = log_p.sum() * 0.0
         known = batch.target_category >= 0
-        if not bool(known.any()):
-            return logits.sum() * 0.0
-        return F.cross_entropy(logits[known].float(), labels[known])
+        labels = hash_ids(batch.target_category, CATEGORY_SALT, table.shape[0])
+        nxt = F.nll_loss(log_p[known], labels[known]) if bool(known.any()) else zero
+        mix = self.category_mix(batch)
+        has = mix.sum(-1) > 0
+        history = -(mix[has] * log_p[has]).sum(-1).mean() if bool(has.any()) else zero
+        return nxt + history
+
+    def category_mix(self, batch: GemBatch) -> torch.Tensor:
+        """``(B, C)``: each row's share of history events per (hashed) category; zeros where none."""
+        buckets = self.embed.category.num_embeddings
+        owner = torch.repeat_interleave(torch.arange(batch.num_rows, device=batch.offsets.device), batch.lengths)
+        seen = batch.category >= 0
+        counts = torch.zeros(batch.num_rows, buckets, device=batch.offsets.device).index_put_(
+            (owner[seen], hash_ids(batch.category[seen], CATEGORY_SALT, buckets)),
+            torch.ones(int(seen.sum()), device=batch.offsets.device), accumulate=True)
+        return counts / counts.sum(-1, keepdim=True).clamp_min(1.0)
 
     @torch.no_grad()
     def init_output_bias(self, click_rate: float, conversion_rate: float) -> None:

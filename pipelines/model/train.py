@@ -50,7 +50,7 @@ class TrainConfig:
     holdout_days: float = 1.0
     conversion_weight: float = 1.0
     aux_weight: float = 0.01
-    interest_weight: float = 0.2
+    interest_weight: float = 0.5
     positive_share: float | None = 0.25
     warmup_steps: int = 50
     seed: int = 0

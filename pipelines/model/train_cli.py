@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--positive-share", type=float, default=0.25,
                         help="share of the training sample given to clicked/converted rows first (negatives "
                              "fill the rest, rows weighted by their sampling rate); 0 = uniform (default: %(default)s)")
-    parser.add_argument("--interest-weight", type=float, default=0.2,
+    parser.add_argument("--interest-weight", type=float, default=0.5,
                         help="weight of the user representation's next-category loss (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=256, help="examples per step (default: %(default)s)")
     parser.add_argument("--learning-rate", type=float, default=3e-3, help="peak AdamW rate (default: %(default)s)")
