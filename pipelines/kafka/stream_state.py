@@ -220,14 +220,17 @@ class PendingEvents:
             self._since[key] = now
             return True
 
-    def take(self, key: tuple[str, int], now: float | None = None, after_s: float = 0.0) -> list[pa.Table]:
-        """Everything buffered for ``key``; with ``now``, only once the oldest waited ``after_s``."""
+    def due(self, key: tuple[str, int], now: float, after_s: float) -> bool:
+        """True when the oldest table buffered for ``key`` has waited ``after_s``."""
         with self._lock:
             since = self._since.get(key)
-            if since is None or (now is not None and now - since < after_s):
-                return []
-            del self._since[key]
-            return self._tables.pop(key)
+            return since is not None and now - since >= after_s
+
+    def take(self, key: tuple[str, int]) -> list[pa.Table]:
+        """Everything buffered for ``key`` (and the key is empty again)."""
+        with self._lock:
+            self._since.pop(key, None)
+            return self._tables.pop(key, [])
 
 
 #: The streaming job's cache (one per worker process; DoFn instances share it under the shard lock).

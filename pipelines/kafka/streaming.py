@@ -9,12 +9,14 @@ The job, on a streaming runner (Beam's Prism, built by ``make prism``):
 2. ``AppendHistories`` is keyed by user shard: it buffers event tables in the
    worker (:data:`pipelines.kafka.stream_state.PENDING`) and, once the oldest has
    waited ``flush_interval_s`` (and at the end of input: an event-time timer),
-   merges them into the shard's histories (late events go to their place by event
-   time), writes the changed rows as a Parquet flush file (atomically), publishes
-   them to a topic when asked (confirmed), and then acknowledges the flushed
-   offsets. The shard's flush files are its state; the worker keeps it in memory
-   between flushes (:data:`pipelines.kafka.stream_state.SHARD_STATES`) and
-   checks it against the files under the shard lock;
+   has the worker's flush thread (:mod:`pipelines.kafka.stream_flush`) merge
+   them into the shard's histories (late events go to their place by event
+   time), write the changed rows as a Parquet flush file (atomically) and
+   publish them to a topic when asked (confirmed); the next bundles emit the
+   acknowledgements of the flushed offsets. The shard's flush files are its
+   state; the worker keeps it in memory between flushes
+   (:data:`pipelines.kafka.stream_state.SHARD_STATES`) and checks it against the
+   files under the shard lock;
 3. dead letters are written (Parquet, optional topic) and acknowledged likewise;
 4. ``CommitOffsets``, keyed by partition, commits to the group the first offset
    not yet durable (:class:`pipelines.kafka.stream_state.OffsetLedger`).
@@ -50,7 +52,7 @@ from pipelines.kafka.config import KafkaConnection
 from pipelines.kafka.consume import PartitionPoller
 from pipelines.kafka.decode import decode_indexed
 from pipelines.kafka.stream_acks import CommitOffsetsFn, WriteDeadLettersFn, open_sink
-from pipelines.kafka.stream_state import OFFSET, PARTITION, flush_path, merge_shard, write_flush
+from pipelines.kafka.stream_state import OFFSET, PARTITION
 from schemas.layouts import EVENT
 
 __all__ = ["PartitionStart", "StreamConfig", "build_stream", "start_offsets"]
@@ -237,11 +239,13 @@ class _ReadPartitionFn(beam.DoFn):
 class _AppendHistoriesFn(beam.DoFn):
     """Keyed by shard: buffer events; flush them into the histories, then acknowledge their offsets.
 
-    A flush happens when an element (data, or the reader's periodic empty tick)
-    arrives and the oldest buffered one has waited ``flush_interval_s``, and once
-    more when the input ends (an event-time timer at the end of the global
-    window). Processing-time timers are not used: on Prism they fire late while a
-    stage keeps receiving bundles. The buffer is not bag state either: Prism ran
+    A flush is requested when an element (data, or the reader's periodic empty
+    tick) arrives and the oldest buffered one has waited ``flush_interval_s``,
+    and once more when the input ends (an event-time timer at the end of the
+    global window, which waits for it). It runs on the worker's flush thread;
+    every call emits the acknowledgements of the flushes finished so far.
+    Processing-time timers are not used: on Prism they fire late while a stage
+    keeps receiving bundles. The buffer is not bag state either: Prism ran
     overlapping bundles of one key that lost appends (see ``PendingEvents``).
     """
 
@@ -249,7 +253,17 @@ class _AppendHistoriesFn(beam.DoFn):
         self._connection, self._config = connection, config
 
     def setup(self) -> None:
-        self._sink = open_sink(self._connection, self._config.histories_topic)
+        from pipelines.kafka.stream_flush import Flusher, flush_shard, shared_flusher
+        from pipelines.kafka.stream_state import PENDING
+
+        output, max_history = self._config.output, self._config.max_history
+
+        def make() -> Flusher:
+            sink = open_sink(self._connection, self._config.histories_topic)
+            return Flusher(lambda shard: flush_shard(output, shard, PENDING.take((output, shard)),
+                                                     max_history=max_history, sink=sink))
+
+        self._flusher = shared_flusher(output, make)
 
     def process(self, element: tuple[int, pa.Table], end: Any = END_OF_INPUT) -> Iterator[tuple[int, np.ndarray]]:
         from pipelines.kafka.stream_state import PENDING
@@ -258,40 +272,14 @@ class _AppendHistoriesFn(beam.DoFn):
         key, now = (self._config.output, shard), time.monotonic()
         if table.num_rows and PENDING.add(key, table, now):
             end.set(GlobalWindow().max_timestamp())
-        yield from self._flush(shard, PENDING.take(key, now, self._config.flush_interval_s))
+        if PENDING.due(key, now, self._config.flush_interval_s):
+            self._flusher.request(shard)
+        yield from self._flusher.finished()
 
     @on_timer(_END_OF_INPUT)
     def on_end(self, shard: Any = KEY) -> Iterator[tuple[int, np.ndarray]]:
-        from pipelines.kafka.stream_state import PENDING
-
-        yield from self._flush(shard, PENDING.take((self._config.output, shard)))
-
-    def _flush(self, shard: int, buffered: list[pa.Table]) -> Iterator[tuple[int, np.ndarray]]:
-        from pipelines.kafka.encode import histories_to_json
-        from pipelines.kafka.stream_state import COMPACT_EVERY, SHARD_STATES, shard_lock
-
-        tables = [t for t in buffered if t.num_rows]
-        if not tables:
-            return
-        events = pa.concat_tables(tables)
-        output = self._config.output
-        with shard_lock(output, shard):  # the shard's files are the state (see shard_lock)
-            state, files = SHARD_STATES.load(output, shard)
-            merged = merge_shard(events, state, max_history=self._config.max_history)
-            full = files >= COMPACT_EVERY
-            path = write_flush(merged.state if full else merged.changed, flush_path(output, shard, full=full))
-            SHARD_STATES.wrote(output, shard, path, merged.state, full=full)
-        if self._sink is not None:
-            self._sink.send_many(histories_to_json(merged.changed))
-            self._sink.flush()
-        partitions = events.column(PARTITION).to_numpy()
-        offsets = events.column(OFFSET).to_numpy()
-        for p in np.unique(partitions):
-            yield int(p), offsets[partitions == p]
-
-    def teardown(self) -> None:
-        if self._sink is not None:
-            self._sink.close()
+        self._flusher.request(shard)
+        yield from self._flusher.wait()
 
 
 def build_stream(p: beam.Pipeline, connection: KafkaConnection, config: StreamConfig,

@@ -111,18 +111,20 @@ def test_cached_shard_state_follows_the_files_whoever_writes_them(tmp_path: Path
     assert states.load(out, 0)[1] == 3  # the last full file (stamp 6), then stamps 7 and 50; 0 is before it
 
 
-def test_pending_events_are_taken_once_the_oldest_has_waited() -> None:
+def test_pending_events_are_due_once_the_oldest_has_waited() -> None:
     rng = np.random.default_rng(4)
     pending, key, other = PendingEvents(), ("out", 0), ("out", 1)
     a, b, c = (_events(rng, 3, p) for p in "abc")
+    assert not pending.due(key, now=10.0, after_s=0.0)  # nothing buffered
     assert pending.add(key, a, now=10.0)  # the first table arms the key
     assert not pending.add(key, b, now=10.2)
     assert pending.add(other, c, now=10.2)
-    assert pending.take(key, now=10.2, after_s=0.25) == []  # the oldest waited 0.2 s
-    assert pending.take(key, now=10.3, after_s=0.25) == [a, b]
-    assert pending.take(key, now=99.0, after_s=0.25) == []  # nothing left, and disarmed
+    assert not pending.due(key, now=10.2, after_s=0.25)  # the oldest waited 0.2 s
+    assert pending.due(key, now=10.3, after_s=0.25)
+    assert pending.take(key) == [a, b]
+    assert not pending.due(key, now=99.0, after_s=0.25)  # empty, and disarmed
+    assert pending.take(key) == []
     assert pending.add(key, a, now=11.0)
-    assert pending.take(key) == [a]  # end of input: whatever is there
     assert pending.take(other) == [c]
 
 
