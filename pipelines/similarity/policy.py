@@ -102,11 +102,12 @@ def blend_neighbors(embedding: np.ndarray, usable: np.ndarray, similarity: np.nd
     total = weight.sum(axis=0)  # (A,)
     used = (weight > 0).sum(axis=0)
     safe = np.where(total > 0, total, 1.0)
-    emb = np.einsum("ka,kad->ad", weight, np.nan_to_num(embedding)) / safe[:, None]
+    values = np.where(np.isnan(embedding), 0.0, embedding).astype(np.float32, copy=False)
+    emb = np.matmul(weight.T[:, None, :], values.transpose(1, 0, 2))[:, 0, :] / safe[:, None]  # (A, D)
     emb[total <= 0] = np.nan
     mean_sim = np.where(total > 0, (weight * sim[:, None]).sum(axis=0) / safe, np.nan)
     ages = np.where(weight > 0, age_s, -np.inf).max(axis=0) if len(weight) else np.full(weight.shape[1], -np.inf)
-    score = (weight * np.nan_to_num(p_click)).sum(axis=0) / safe
+    score = (weight * np.where(np.isnan(p_click), 0.0, p_click)).sum(axis=0) / safe
     return NeighborBlend(emb.astype(np.float32), used.astype(np.int16), mean_sim.astype(np.float32),
                          np.where(total > 0, ages, np.nan), np.where(total > 0, score, np.nan).astype(np.float32))
 

@@ -235,10 +235,11 @@ class Resolver:
         if level.any():
             embedding[level], age[level] = self._rows(user, np.array([0]))[0], user_age[0]
         cols = np.flatnonzero(path[nb_cols] == FallbackPath.SIMILAR_USERS)  # positions within nb_cols
-        if len(cols):  # decode and blend only the neighbours' rows of the ads that take this path
-            rows = (np.arange(k)[:, None] * c + cols[None, :]).ravel()
-            blend = blend_neighbors(self._rows(neighbor_pairs, rows).reshape(k, len(cols), dim), nb_ok[:, cols],
-                                    similarity, nb_age[:, cols], neighbor_pairs.p_click[rows].reshape(k, len(cols)))
+        if len(cols):  # decode only the usable neighbours' rows of the ads that take this path
+            rows, usable = np.arange(k)[:, None] * c + cols[None, :], nb_ok[:, cols]
+            stack = np.zeros((k, len(cols), dim), np.float32)
+            stack[usable] = self._rows(neighbor_pairs, rows[usable])
+            blend = blend_neighbors(stack, usable, similarity, nb_age[:, cols], neighbor_pairs.p_click[rows])
             at = nb_cols[cols]
             embedding[at], age[at], p_click[at] = blend.embedding, blend.age_s, blend.p_click
             neighbors_used[at], mean_similarity[at] = blend.used, blend.similarity

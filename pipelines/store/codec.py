@@ -218,7 +218,7 @@ def _decode(head: bytes, members: list[bytes]) -> dict[str, np.ndarray]:
 
 def _fields_of(rec: np.ndarray, int8: bool) -> dict[str, np.ndarray]:
     out = {name: rec[name] for name in _FIELDS if name not in ("codes", "int8")}
-    out["codes"] = rec["embedding"].astype(np.float16)
+    out["codes"] = rec["embedding"].astype(np.float16, copy=False)  # float16: a view, int8: widened
     out["int8"] = np.full(len(rec), int8)
     return out
 
