@@ -10,7 +10,10 @@
 One request costs one faiss search (the user's k nearest users, from the vector
 stored at its index position) and one store round trip (``read_for_request``: the
 exact pairs, the user-level record and the neighbours' pairs together); the path
-choice is :mod:`pipelines.similarity.policy`. Ages come from ``computed_at`` and the
+choice is :mod:`pipelines.similarity.policy`. The search runs on the calling thread only;
+the read makes no Python object per key but the key and the value (keys cut from numpy
+arrays, values decoded by one ``frombuffer``), and only the rows an answer uses are
+widened to float32. Ages come from ``computed_at`` and the
 resolver's own clock (injectable, e.g. ``ManualClock``). Any record of another
 model_version than the index's, or a request asking for another one, raises
 :class:`VersionMismatchError`: representations of different models never mix.
