@@ -16,7 +16,8 @@ Then the real :class:`Resolver` answers every hidden pair, once with the normal 
 (the path mix) and once per fallback path alone, and each answer is compared with the
 hidden exact representation: cosine, and the click AUC of the model's click head fed
 the fallback vs the exact representation vs none (the mean pair representation), as
-the share of the exact representation's AUC gain kept. The model's click head reads the
+the share of the exact representation's AUC gain kept; a control blends k *random* users' fresh representations of
+the same ad instead (the part of the gain the ad alone carries). The model's click head reads the
 pair representation and the surface alone, so the exact score is the model's own; the
 same-user path's user-level representation is scored by its dot product with the
 model's ad vector (see ``_quality``).
@@ -52,7 +53,7 @@ from pipelines.store import ManualClock, open_store
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EvalConfig", "evaluate_fallback", "holdout_pairs", "neighbor_quality"]
+__all__ = ["EvalConfig", "evaluate_fallback", "holdout_pairs", "neighbor_quality", "random_users_control"]
 
 DAY_S = 86_400.0
 FRESH_AGE_S = 60.0
@@ -151,6 +152,32 @@ def _neighbor_pairs(world: _World, model: GemModel, index: HistoryIndex, k: int)
     rows = np.asarray(keep, np.int64)
     nq = nq.take(rows)
     return nq, pair_reps(model, index, nq, world.times[src][rows])
+
+
+def random_users_control(world: _World, model: GemModel, index: HistoryIndex, k: int, prior: np.ndarray,
+                         seed: int) -> dict[str, Any]:
+    """What the similar-users path would keep with k *random* other users in place of the nearest
+    ones (their fresh pair representations of the same ad, averaged): the share of the gain
+    that comes from the ad alone, which any blend of other users' pair representations carries."""
+    h = np.flatnonzero(world.hidden)
+    users = world.user_vectors.user_id
+    rng = np.random.default_rng(seed + 2)
+    picks = users[rng.integers(0, len(users), size=(len(h), k))] if len(users) and len(h) else np.zeros((0, k), int)
+    rep, col = np.nonzero(picks != world.q.user_id[h][:, None])
+    src = h[rep]
+    rq = PairQueries(picks[rep, col], world.q.ad_id[src], world.q.advertiser_id[src], world.q.category[src],
+                     world.q.surface[src])
+    reps = pair_reps(model, index, rq, world.times[src])
+    total = np.zeros((len(h), reps.pair.shape[1]), np.float32)
+    np.add.at(total, rep, reps.pair)
+    count = np.bincount(rep, minlength=len(h))[:, None]
+    blend = np.where(count > 0, total / np.maximum(count, 1), prior[None, :]).astype(np.float32)
+    true, surface = world.exact.pair[h], world.q.surface[h]
+    none = np.broadcast_to(prior, true.shape)
+    return {"k": k, "count": len(h), "cosine_mean": float(np.nanmean(cosine_rows(blend, true))),
+            "head_pair": gain_table(world.clicked[h], click_logits(model, true, surface),
+                                    click_logits(model, blend, surface), click_logits(model, none, surface),
+                                    seed=seed)}
 
 
 def _fill(store_uri: str, world: _World, nq: PairQueries, nreps: PairReps, version: str, now_s: float) -> None:
@@ -295,6 +322,7 @@ def evaluate_fallback(config: EvalConfig, *, model: GemModel | None = None) -> d
             codes = [FallbackPath[p.upper()] for p in paths] if name != "policy" else list(FallbackPath)[1:4]
             report[name] = {PATHS[c]: _quality(world, model, chosen, emb, c, prior, config.seed) for c in codes}
             report[name]["mix"] = {PATHS[c]: int((chosen == c).sum()) for c in range(len(PATHS))}
+    report["random_users_control"] = random_users_control(world, model, index, config.k, prior, config.seed)
     if config.truth:
         truth = pq.read_table(str(Path(config.truth) / "users.parquet"), columns=["user_id", "segment"])
         report["neighbors"] = neighbor_quality(world.index, truth, config.k, config.seed)

@@ -13,6 +13,8 @@ with the share of the exact representation's gain kept (90% bootstrap interval):
 "pair" is the model's click head, which reads the pair representation and the surface
 alone; head "user" (the same-user path, whose user-level representation is not in the
 pair space) ranks by the user representation's dot product with the model's ad vector.
+A control row blends k random users' fresh representations of the same ad instead of
+the nearest users' (the share of the gain the ad alone carries).
 With --candidates, the generator's candidate requests are replayed in time order
 (each request's pairs stored as precompute would; the last day resolved) for the
 path mix of a realistic stream. With --truth (the generator's X.truth folder): the share of each user's k neighbours
@@ -75,6 +77,13 @@ def print_report(report: dict[str, Any]) -> None:
                   f"{head:<4} {_f(g.get('auc_exact')):>9} {_f(g.get('auc_fallback')):>8} "
                   f"{_f(g.get('auc_none')):>6} {_f(g.get('gain_kept'), '.1%'):>9} "
                   f"{_f(g.get('gain_kept_p05'), '.0%'):>7}-{_f(g.get('gain_kept_p95'), '.0%'):<7}")
+    if "random_users_control" in report:
+        r = report["random_users_control"]
+        g = r["head_pair"]
+        print(f"{'random users':<15} {'-':>6} {_f(r['cosine_mean']):>7} {'-':>6} | "
+              f"{'pair':<4} {_f(g['auc_exact']):>9} {_f(g['auc_fallback']):>8} {_f(g['auc_none']):>6} "
+              f"{_f(g['gain_kept'], '.1%'):>9} {_f(g['gain_kept_p05'], '.0%'):>7}-{_f(g['gain_kept_p95'], '.0%'):<7}"
+              f"  (control: {r['k']} random users' pairs for the same ad)")
     print("policy mix on hidden pairs: " + ", ".join(f"{k} {v}" for k, v in report["policy"]["mix"].items()))
     for name, r in report.get("stream", {}).items():
         mix = ", ".join(f"{k} {v:.1%}" for k, v in r["shares"].items())

@@ -74,6 +74,9 @@ def test_evaluate_fallback_reports_every_path(world: Path, capsys: pytest.Captur
     assert 0.0 <= report["neighbors"]["same_segment_share"] <= 1.0
     assert 0.0 <= report["neighbors_category_profile"]["same_segment_share"] <= 1.0
     assert -1.0 <= alone["cosine_none_mean"] <= 1.0
+    control = report["random_users_control"]
+    assert control["count"] == report["hidden"] and "gain_kept" in control["head_pair"]
+    assert "random users" in printed
     assert (out / "index" / "manifest.json").is_file()
 
 
