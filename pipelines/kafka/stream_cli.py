@@ -68,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     options = PipelineOptions([*args.beam_args, "--runner=PrismRunner", f"--prism_location={prism}",
                                "--environment_type=LOOPBACK", "--streaming",
                                # The SDK state cache served stale bag contents across bundles on Prism in
-                               # lab runs (buffered events lost); every state read goes to the runner.
+                               # lab runs (buffered events lost); every state read (the commit ledger)
+                               # goes to the runner.
                                "--max_cache_memory_usage_mb=0"],
                               save_main_session=False, pickle_library="cloudpickle")
     with beam.Pipeline(options=options) as p:
