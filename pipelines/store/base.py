@@ -128,8 +128,8 @@ class OnlineStore(abc.ABC):
         """Store values unless the stored record is newer; record ``versions``; one round trip."""
 
     @abc.abstractmethod
-    def _get(self, keys: list[bytes]) -> list[bytes | None]:
-        """The stored values, None where absent; one round trip."""
+    def _get(self, keys: list[bytes]) -> list[bytes]:
+        """The stored values, empty (``b""``) where absent; one round trip."""
 
     @abc.abstractmethod
     def _delete(self, keys: list[bytes]) -> int:

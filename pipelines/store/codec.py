@@ -22,11 +22,9 @@ for a pair, so a user's records share a prefix.
 from __future__ import annotations
 
 import hashlib
-import operator
 import struct
 from collections.abc import Sequence
 from functools import cache, cached_property
-from itertools import compress, repeat
 from typing import Literal, cast
 
 import numpy as np
@@ -164,32 +162,32 @@ def computed_at_of(value: bytes) -> int:
 class DecodedRecords:
     """Present records of one read, decoded.
 
-    ``index`` (M,) are the positions of the present values in the request; fields
-    are (M,) arrays in that order (``codes`` (M, D) float16, int8 codes widened exactly).
-    A read whose records share one layout (the usual case) is decoded by one ``frombuffer``
-    over the joined values, in request order; mixed layouts are decoded group by group.
+    ``values``: the stored value of each requested key, empty (``b""``) where absent (no
+    record is empty). ``index`` (M,) are the positions of the present values in the request;
+    fields are (M,) arrays in that order (``codes`` (M, D) float16, int8 codes widened
+    exactly). A read whose records share one layout (the usual case) is decoded by one
+    ``frombuffer`` over the joined values; mixed layouts are decoded group by group.
     """
 
-    def __init__(self, values: Sequence[bytes | None]) -> None:
-        present = np.fromiter(map(operator.is_not, values, repeat(None)), dtype=bool, count=len(values))
-        members = cast(list[bytes], list(compress(values, present)))
-        uniform = _decode_uniform(members)
+    def __init__(self, values: Sequence[bytes]) -> None:
+        lengths = np.fromiter(map(len, values), dtype=np.intp, count=len(values))
+        blob = b"".join(values)
+        present = lengths > 0
+        self.index = np.flatnonzero(present)
+        uniform = _decode_uniform(lengths[present], blob)
         if uniform is not None:
-            self.dim = uniform[0]
-            self.index = np.flatnonzero(present)
-            self._fields = uniform[1]
+            self.dim, self._fields = uniform
             return
+        members = [value for value in values if value]
         groups: dict[bytes, list[int]] = {}
-        for i, value in enumerate(values):
-            if value is not None:
-                groups.setdefault(value[:4], []).append(i)
+        for i, value in enumerate(members):
+            groups.setdefault(value[:4], []).append(i)
         dims = {int.from_bytes(head[2:4], "little") for head in groups}
         if len(dims) > 1:
             raise ValueError(f"one read returned embeddings of several dims {sorted(dims)}")
         self.dim = dims.pop() if dims else 0
-        order = [i for members in groups.values() for i in members]
-        self.index = np.asarray(order, dtype=np.int64)
-        parts = [_decode(head, [cast(bytes, values[i]) for i in members]) for head, members in groups.items()]
+        self.index = self.index[np.asarray([i for rows in groups.values() for i in rows], dtype=np.int64)]
+        parts = [_decode(head, [members[i] for i in rows]) for head, rows in groups.items()]
         self._fields = {name: _concat([p[name] for p in parts], name, self.dim) for name in _FIELDS}
 
     def __getitem__(self, name: str) -> np.ndarray:
@@ -223,15 +221,16 @@ def _fields_of(rec: np.ndarray, int8: bool) -> dict[str, np.ndarray]:
     return out
 
 
-def _decode_uniform(members: list[bytes]) -> tuple[int, dict[str, np.ndarray]] | None:
-    """``(dim, fields)`` when every value has the first one's layout (header and length), else None."""
-    if not members:
+def _decode_uniform(sizes: np.ndarray, blob: bytes) -> tuple[int, dict[str, np.ndarray]] | None:
+    """``(dim, fields)`` when every value (``sizes`` bytes each, joined in ``blob``) has the first one's
+    layout (length and header), else None."""
+    if not len(sizes):
         return None
-    head = members[0][:4]
+    head = blob[:4]
     dtype = _layout(head)
-    if (np.fromiter(map(len, members), dtype=np.intp, count=len(members)) != dtype.itemsize).any():
+    if (sizes != dtype.itemsize).any():
         return None
-    rec = np.frombuffer(b"".join(members), dtype=dtype)
+    rec = np.frombuffer(blob, dtype=dtype)
     if not ((rec["magic"] == head[0]) & (rec["encoding"] == head[1]) & (rec["dim"] == rec["dim"][0])).all():
         return None
     return int(rec["dim"][0]), _fields_of(rec, head[1] == 1)

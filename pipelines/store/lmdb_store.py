@@ -78,13 +78,13 @@ class LmdbStore(OnlineStore):
             ) from exc
         return written
 
-    def _get(self, keys: list[bytes]) -> list[bytes | None]:
+    def _get(self, keys: list[bytes]) -> list[bytes]:
         """One cursor for all keys: LMDB looks a key up on the cursor's current leaf page first and
         walks down from the root only when it is not there, so keys in order share their pages."""
         with self._env.begin(db=self._records) as txn:
             cursor = txn.cursor()
             seek, value = cursor.set_key, cursor.value
-            return [value() if seek(key) else None for key in keys]
+            return [value() if seek(key) else b"" for key in keys]
 
     def _delete(self, keys: list[bytes]) -> int:
         with self._env.begin(write=True, db=self._records) as txn:

@@ -99,16 +99,18 @@ class RedisStore(OnlineStore):
             replies = pipe.execute()
         return sum(int(r) for r in replies[1 if versions else 0 :])
 
-    def _get(self, keys: list[bytes]) -> list[bytes | None]:
+    def _get(self, keys: list[bytes]) -> list[bytes]:
         full = [self._prefix + key for key in keys]
         step = self.config.chunk
         with self._errors():
             if len(full) <= step:
-                return cast(list[bytes | None], self._client.mget(full)) if full else []
-            pipe = self._client.pipeline(transaction=False)
-            for i in range(0, len(full), step):
-                pipe.mget(full[i : i + step])
-            return [value for reply in pipe.execute() for value in cast(list[bytes | None], reply)]
+                replies = [cast(list[bytes | None], self._client.mget(full)) if full else []]
+            else:
+                pipe = self._client.pipeline(transaction=False)
+                for i in range(0, len(full), step):
+                    pipe.mget(full[i : i + step])
+                replies = cast(list[list[bytes | None]], pipe.execute())
+        return [value or b"" for reply in replies for value in reply]
 
     def _delete(self, keys: list[bytes]) -> int:
         full = [self._prefix + key for key in keys]

@@ -164,7 +164,7 @@ def test_one_search_and_one_round_trip_per_request(store: OnlineStore, index: Us
     calls = {"get": 0, "search": 0}
     get, search = store._get, index.index.search
 
-    def counted_get(keys: list[bytes]) -> list[bytes | None]:
+    def counted_get(keys: list[bytes]) -> list[bytes]:
         calls["get"] += 1
         return get(keys)
 
@@ -196,7 +196,7 @@ def test_auto_neighbour_reads_give_the_same_answers(store: OnlineStore, index: U
     calls = {"get": 0}
     get = store._get
 
-    def counted_get(keys: list[bytes]) -> list[bytes | None]:
+    def counted_get(keys: list[bytes]) -> list[bytes]:
         calls["get"] += 1
         return get(keys)
 

@@ -87,7 +87,7 @@ def _encode(encoding: str, n: int = 3, dim: int = 4) -> list[bytes]:
 
 def test_decode_groups_mixed_encodings_back_into_request_order() -> None:
     f16, i8 = _encode("float16"), _encode("int8")
-    values = [i8[0], None, f16[1], i8[2], None, f16[0]]
+    values = [i8[0], b"", f16[1], i8[2], b"", f16[0]]
     decoded = DecodedRecords(values)
     assert decoded.dim == 4
     order = decoded.index.tolist()
@@ -101,7 +101,7 @@ def test_decode_groups_mixed_encodings_back_into_request_order() -> None:
 
 def test_decode_of_one_layout_keeps_request_order() -> None:
     f16 = _encode("float16", n=4)
-    decoded = DecodedRecords([None, f16[2], f16[0], None, f16[3]])
+    decoded = DecodedRecords([b"", f16[2], f16[0], b"", f16[3]])
     assert decoded.dim == 4 and decoded.index.tolist() == [1, 2, 4]
     assert decoded["computed_at_ms"].tolist() == [T0_MS + 2, T0_MS, T0_MS + 3]
     assert decoded["int8"].tolist() == [False] * 3 and decoded["codes"].dtype == np.float16
@@ -124,7 +124,7 @@ def test_decode_rejects_unknown_layouts_and_mixed_dims() -> None:
         DecodedRecords([bad])
     with pytest.raises(ValueError, match="several dims"):
         DecodedRecords([_encode("float16", dim=4)[0], _encode("float16", dim=8)[0]])
-    assert DecodedRecords([None, None]).index.tolist() == []
+    assert DecodedRecords([b"", b""]).index.tolist() == []
 
 
 def test_arrays_from_arrow_check_the_columns() -> None:
