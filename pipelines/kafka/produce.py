@@ -14,7 +14,7 @@ import gzip
 import logging
 import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pyarrow as pa
@@ -163,8 +163,9 @@ def topic_partitions(connection: KafkaConnection, topic: str) -> int:
         consumer.close()
 
 
-def ensure_topic(connection: KafkaConnection, topic: str, partitions: int, replication: int = 1) -> bool:
-    """Create ``topic`` unless it exists; True when it was created."""
+def ensure_topic(connection: KafkaConnection, topic: str, partitions: int, replication: int = 1, *,
+                 configs: Mapping[str, str] | None = None) -> bool:
+    """Create ``topic`` (with topic-level ``configs``) unless it exists; True when it was created."""
     from kafka.admin import KafkaAdminClient, NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
@@ -172,7 +173,8 @@ def ensure_topic(connection: KafkaConnection, topic: str, partitions: int, repli
         raise ConfigError("--partitions", f"got {partitions}", "pass a value >= 1")
     admin = KafkaAdminClient(**connection.kafka_python())
     try:
-        admin.create_topics([NewTopic(topic, partitions, replication)], wait_for_metadata=True)
+        admin.create_topics([NewTopic(topic, partitions, replication, topic_configs=dict(configs or {}))],
+                            wait_for_metadata=True)
         return True
     except TopicAlreadyExistsError:
         return False

@@ -57,7 +57,10 @@ def make_topic(kafka: KafkaConnection) -> Iterator[MakeTopic]:
 
     def make(partitions: int = 1, prefix: str = "test") -> str:
         name = f"{prefix}-{uuid.uuid4().hex[:12]}"
-        assert ensure_topic(kafka, name, partitions)
+        # No time retention: tests write messages stamped in the past (2026-01-01), and the
+        # broker's 7-day retention check (every 5 min) deleted such a topic's segments
+        # between produce and replay in a suite run.
+        assert ensure_topic(kafka, name, partitions, configs={"retention.ms": "-1"})
         created.append(name)
         return name
 
