@@ -194,9 +194,9 @@ class OnlineStore(abc.ABC):
     ) -> ReadResult:
         """:meth:`read_batch` of keys given as columns: ``user_id``, ``ad_id`` int64 (N,) (``ad_id``
         ignored where ``has_ad`` (N,) bool is False: a user-level key). No Python object per key but
-        the encoded key and the stored value. Keys are read in key order (LMDB then finds most of them
-        on the page it is on); ``order`` (N,), the rows in that order, spares the sort when the caller
-        knows it (e.g. from :func:`pair_grid`)."""
+        the encoded key and the stored value. Keys are read sorted by (user, ad), so a user's keys come
+        together (LMDB then finds most of them on the page it is on); ``order`` (N,), the rows in that
+        order, spares the sort when the caller knows it (e.g. from :func:`pair_grid`)."""
         user_id = np.asarray(user_id, dtype=np.int64)
         ad_id = np.where(has_ad, np.asarray(ad_id, dtype=np.int64), 0)
         has_ad = np.asarray(has_ad, dtype=bool)
@@ -259,8 +259,8 @@ class OnlineStore(abc.ABC):
 
 def pair_grid(user_ids: np.ndarray, ad_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The keys of every (user, ad) pair, row ``i * len(ad_ids) + j`` for ``(user_ids[i], ad_ids[j])``, as
-    ``(users, ads, order)``: two int64 columns and their rows in key order (for :meth:`OnlineStore.read_arrays`),
-    from two small sorts instead of one over every pair."""
+    ``(users, ads, order)``: two int64 columns and their rows sorted by (user, ad) (for
+    :meth:`OnlineStore.read_arrays`), from two small sorts instead of one over every pair."""
     users, ads = np.asarray(user_ids, dtype=np.int64), np.asarray(ad_ids, dtype=np.int64)
     order = np.argsort(users, kind="stable")[:, None] * len(ads) + np.argsort(ads, kind="stable")[None, :]
     return np.repeat(users, len(ads)), np.tile(ads, len(users)), order.ravel()
