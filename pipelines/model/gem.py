@@ -220,7 +220,7 @@ class GemModel(nn.Module):
         to the histogram). It makes the user representation encode interests, so users
         near each other in it behave alike. Rows without a category (or history) are skipped."""
         table = self.embed.category.weight  # (C, D)
-        log_p = F.log_softmax((self.interest(user) @ table.t()).float() / table.shape[1] ** 0.5, dim=-1)  # (B, C)
+        log_p = self.interest_log_probs(user)  # (B, C)
         zero = log_p.sum() * 0.0
         known = batch.target_category >= 0
         labels = hash_ids(batch.target_category, CATEGORY_SALT, table.shape[0])
@@ -229,6 +229,11 @@ class GemModel(nn.Module):
         has = mix.sum(-1) > 0
         history = -(mix[has] * log_p[has]).sum(-1).mean() if bool(has.any()) else zero
         return nxt + history
+
+    def interest_log_probs(self, user: torch.Tensor) -> torch.Tensor:
+        """``(B, C)`` log-probabilities over the (hashed) category table from user representations ``(B, R)``."""
+        table = self.embed.category.weight
+        return F.log_softmax((self.interest(user) @ table.t()).float() / table.shape[1] ** 0.5, dim=-1)
 
     def category_mix(self, batch: GemBatch) -> torch.Tensor:
         """``(B, C)``: each row's share of history events per (hashed) category; zeros where none."""

@@ -19,8 +19,8 @@ the fallback vs the exact representation vs none (the mean pair representation),
 the share of the exact representation's AUC gain kept; a control blends k *random* users' fresh representations of
 the same ad instead (the part of the gain the ad alone carries). The model's click head reads the
 pair representation and the surface alone, so the exact score is the model's own; the
-same-user path's user-level representation is scored by its dot product with the
-model's ad vector (see ``_quality``).
+same-user path's user-level representation is scored by the log-probability its
+interest head gives the ad's category (see ``_quality``).
 """
 
 from __future__ import annotations
@@ -219,8 +219,8 @@ def _quality(world: _World, model: GemModel, paths: np.ndarray, emb: np.ndarray,
     """Cosine and AUC gain of the pairs answered by ``code``. Head ``pair``: the model's click head
     (which reads the pair representation and the surface alone) fed the exact pair representation,
     the fallback and none (the mean pair representation). The same-user path answers with a
-    user-level representation, which is not in the pair space: head ``user`` ranks by its dot
-    product with the model's ad vector instead (exact and none as for head ``pair``)."""
+    user-level representation, which is not in the pair space: head ``user`` ranks by the
+    log-probability its interest head gives the ad's category (exact and none as for head ``pair``)."""
     h = np.flatnonzero(world.hidden)
     sel = paths == code
     rows = h[sel]
@@ -233,7 +233,7 @@ def _quality(world: _World, model: GemModel, paths: np.ndarray, emb: np.ndarray,
     exact_scores, none_scores = click_logits(model, true, surface), click_logits(model, none, surface)
     if code == FallbackPath.SAME_USER:
         stored = _stored_user_reps(world, world.q.user_id[rows])
-        out["head_user"] = gain_table(labels, exact_scores, user_ad_scores(stored, world.exact.ad[rows]),
+        out["head_user"] = gain_table(labels, exact_scores, user_ad_scores(model, stored, world.q.category[rows]),
                                       none_scores, seed=seed)
         return out
     cos = cosine_rows(emb[sel], true)

@@ -12,7 +12,8 @@ fed the fallback vs the exact representation vs none (the mean pair representati
 with the share of the exact representation's gain kept (90% bootstrap interval): head
 "pair" is the model's click head, which reads the pair representation and the surface
 alone; head "user" (the same-user path, whose user-level representation is not in the
-pair space) ranks by the user representation's dot product with the model's ad vector.
+pair space) ranks by the log-probability the model's interest head gives the ad's
+category from the user representation.
 A control row blends k random users' fresh representations of the same ad instead of
 the nearest users' (the share of the gain the ad alone carries).
 With --candidates, the generator's candidate requests are replayed in time order

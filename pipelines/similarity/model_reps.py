@@ -17,6 +17,7 @@ import pyarrow as pa
 import torch
 
 from pipelines.model.batch import GemBatch, HistoryIndex, build_candidate_batch
+from pipelines.model.embed import CATEGORY_SALT, hash_ids
 from pipelines.model.gem import GemModel
 
 __all__ = ["PairQueries", "PairReps", "click_logits", "pair_reps", "user_ad_scores", "user_reps_at"]
@@ -107,6 +108,13 @@ def click_logits(model: GemModel, pair: np.ndarray, surface: np.ndarray) -> np.n
     return model.heads(p, s)[0].float().cpu().numpy()
 
 
-def user_ad_scores(user: np.ndarray, ad: np.ndarray) -> np.ndarray:
-    """``<user, ad> (N,)``: how a user-level representation alone ranks ads (the model's ad vectors)."""
-    return (np.asarray(user, np.float32) * np.asarray(ad, np.float32)).sum(axis=1)
+@torch.inference_mode()
+def user_ad_scores(model: GemModel, user: np.ndarray, category: np.ndarray) -> np.ndarray:
+    """``(N,)``: how a user-level representation ``(N, R)`` alone ranks ads, by the log-probability
+    its interest head gives the ad's category ``(N,)`` (-1 = unknown: 0)."""
+    device = next(model.parameters()).device
+    log_p = model.interest_log_probs(torch.as_tensor(np.asarray(user, np.float32), device=device))
+    cat = torch.as_tensor(np.asarray(category, np.int64), device=device)
+    bucket = hash_ids(cat, CATEGORY_SALT, log_p.shape[1])
+    scores = log_p.gather(1, bucket[:, None])[:, 0]
+    return torch.where(cat < 0, torch.zeros_like(scores), scores).cpu().numpy()
