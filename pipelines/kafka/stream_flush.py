@@ -1,8 +1,8 @@
-"""Flushing a shard's buffered events into its histories, off the Beam bundle's thread.
+"""Flushing shards' buffered events into their histories, off the Beam bundle's thread.
 
-:func:`flush_shard` merges buffered EVENT tables into the shard's histories,
-writes the changed rows as one flush file (atomically), publishes them when
-asked, and returns the flushed offsets per partition, which may be
+:func:`flush_shards` merges buffered EVENT tables into their shards' histories,
+writes each shard's changed rows as one flush file (atomically), publishes them
+when asked, and returns the flushed offsets per partition, which may be
 acknowledged only now. :class:`Flusher` runs these flushes on one thread of the
 worker, so a bundle never waits for a merge or a write (on Prism the next
 bundle of the stage waited for it: ~0.2 s p50 and ~1 s p99 between the reader
@@ -20,7 +20,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
@@ -37,7 +38,7 @@ from pipelines.kafka.stream_state import (
     write_flush,
 )
 
-__all__ = ["Acks", "Flusher", "flush_shard", "shared_flusher"]
+__all__ = ["Acks", "Flusher", "flush_shards", "shared_flusher"]
 
 log = logging.getLogger(__name__)
 
@@ -45,20 +46,35 @@ log = logging.getLogger(__name__)
 Acks = list[tuple[int, np.ndarray]]
 
 
-def flush_shard(output: str, shard: int, tables: list[pa.Table], *, max_history: int, sink: Any = None) -> Acks:
-    """Merge ``tables`` (EVENT + ``_partition``/``_offset``) into ``shard``'s histories; their offsets."""
+def flush_shards(output: str, buffered: Mapping[int, list[pa.Table]], *, num_shards: int, max_history: int,
+                 sink: Any = None) -> Acks:
+    """Merge each shard's buffered tables (EVENT + ``_partition``/``_offset``) into its histories; their offsets.
+
+    The shards are merged together (one :func:`merge_shard` over their states:
+    users never span shards, so each history is the same, and the fixed cost of
+    a merge is paid once), then each shard gets its own flush file. The
+    watermark written is the merge's: the newest event time of all of them.
+    """
+    from pipelines.features.sharding import split_by_shard
     from pipelines.kafka.encode import histories_to_json
 
-    tables = [t for t in tables if t.num_rows]
-    if not tables:
+    tables = {s: [t for t in ts if t.num_rows] for s, ts in buffered.items()}
+    shards = sorted(s for s, ts in tables.items() if ts)
+    if not shards:
         return []
-    events = pa.concat_tables(tables)
-    with shard_lock(output, shard):  # the shard's files are the state (see shard_lock)
-        state, files = SHARD_STATES.load(output, shard)
-        merged = merge_shard(events, state, max_history=max_history)
-        full = files >= COMPACT_EVERY
-        path = write_flush(merged.state if full else merged.changed, flush_path(output, shard, full=full))
-        SHARD_STATES.wrote(output, shard, path, merged.state, full=full)
+    events = pa.concat_tables([t for s in shards for t in tables[s]])
+    with ExitStack() as locks:
+        for s in shards:  # in shard order, so two writers never wait on each other
+            locks.enter_context(shard_lock(output, s))  # the shard's files are the state (see shard_lock)
+        loaded = {s: SHARD_STATES.load(output, s) for s in shards}
+        merged = merge_shard(events, pa.concat_tables([loaded[s][0] for s in shards]), max_history=max_history)
+        changed, states = (dict(split_by_shard(t, num_shards)) for t in (merged.changed, merged.state))
+        empty = merged.state.schema.empty_table()
+        for s in shards:
+            full = loaded[s][1] >= COMPACT_EVERY
+            state = states.get(s, empty)
+            path = write_flush(state if full else changed.get(s, empty), flush_path(output, s, full=full))
+            SHARD_STATES.wrote(output, s, path, state, full=full)
     if sink is not None:
         sink.send_many(histories_to_json(merged.changed))
         sink.flush()
@@ -68,22 +84,24 @@ def flush_shard(output: str, shard: int, tables: list[pa.Table], *, max_history:
 
 
 class Flusher:
-    """Runs ``flush(shard)`` calls one after another on a background thread.
+    """Runs ``flush(shards)`` calls one after another on a background thread.
 
     ``request(shard)`` asks for a flush of ``shard``; a shard already waiting in
-    the queue is not queued twice, and ``flush`` takes whatever the shard holds
-    when its turn comes, so a backlog makes flushes bigger, not more numerous.
-    ``finished`` returns the acknowledgements of the flushes done since its last
-    call; ``wait`` first waits for every requested flush. A flush that failed is
-    raised (once) by the next call, so that bundle fails; the events it held are
-    never acknowledged and are read again.
+    the queue is not queued twice, and each flush takes every shard waiting when
+    it starts (``flush`` takes whatever they hold by then), so a backlog makes
+    flushes bigger, not more numerous. ``finished`` returns the
+    acknowledgements of the flushes done since its last call; ``wait`` first
+    waits for every requested flush. A flush that failed is raised (once) by the
+    next call, so that bundle fails; the events it held are never acknowledged
+    and are read again.
     """
 
-    def __init__(self, flush: Callable[[int], Acks]) -> None:
+    def __init__(self, flush: Callable[[list[int]], Acks]) -> None:
         self._flush = flush
         self._lock = threading.Lock()
         self._queued: set[int] = set()
-        self._jobs: queue.Queue[int] = queue.Queue()
+        self._wake = threading.Condition(self._lock)
+        self._busy = False
         self._done: queue.Queue[tuple[int, np.ndarray]] = queue.Queue()
         self._errors: queue.Queue[Exception] = queue.Queue()
         threading.Thread(target=self._run, name="stream-flusher", daemon=True).start()
@@ -91,10 +109,8 @@ class Flusher:
     def request(self, shard: int) -> None:
         self._raise()
         with self._lock:
-            if shard in self._queued:
-                return
             self._queued.add(shard)
-        self._jobs.put(shard)
+            self._wake.notify_all()
 
     def finished(self) -> Acks:
         self._raise()
@@ -104,7 +120,8 @@ class Flusher:
         return acks
 
     def wait(self) -> Acks:
-        self._jobs.join()
+        with self._lock:
+            self._wake.wait_for(lambda: not self._queued and not self._busy)
         return self.finished()
 
     def _raise(self) -> None:
@@ -113,17 +130,19 @@ class Flusher:
 
     def _run(self) -> None:
         while True:
-            shard = self._jobs.get()
-            with self._lock:  # from now on, a new request for the shard queues another flush
-                self._queued.discard(shard)
+            with self._lock:
+                self._wake.wait_for(lambda: bool(self._queued))
+                shards, self._queued, self._busy = sorted(self._queued), set(), True
             try:
-                for ack in self._flush(shard):
+                for ack in self._flush(shards):
                     self._done.put(ack)
             except Exception as exc:  # handed to the next bundle, which fails with it
-                log.exception("flush of shard %d failed", shard)
+                log.exception("flush of shards %s failed", shards)
                 self._errors.put(exc)
             finally:
-                self._jobs.task_done()
+                with self._lock:
+                    self._busy = False
+                    self._wake.notify_all()
 
 
 _FLUSHERS: dict[str, Flusher] = {}

@@ -253,15 +253,20 @@ class _AppendHistoriesFn(beam.DoFn):
         self._connection, self._config = connection, config
 
     def setup(self) -> None:
-        from pipelines.kafka.stream_flush import Flusher, flush_shard, shared_flusher
+        from pipelines.kafka.stream_flush import Acks, Flusher, flush_shards, shared_flusher
         from pipelines.kafka.stream_state import PENDING
 
-        output, max_history = self._config.output, self._config.max_history
+        config = self._config
+        output = config.output
 
         def make() -> Flusher:
-            sink = open_sink(self._connection, self._config.histories_topic)
-            return Flusher(lambda shard: flush_shard(output, shard, PENDING.take((output, shard)),
-                                                     max_history=max_history, sink=sink))
+            sink = open_sink(self._connection, config.histories_topic)
+
+            def flush(shards: list[int]) -> Acks:
+                return flush_shards(output, {s: PENDING.take((output, s)) for s in shards},
+                                    num_shards=config.num_shards, max_history=config.max_history, sink=sink)
+
+            return Flusher(flush)
 
         self._flusher = shared_flusher(output, make)
 

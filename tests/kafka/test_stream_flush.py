@@ -9,56 +9,61 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipelines.kafka.stream_flush import Flusher, flush_shard
+from pipelines.kafka.stream_flush import Flusher, flush_shards
 from pipelines.kafka.stream_state import OFFSET, PARTITION, ShardStates, latest_histories
 from tests.features.factories import event, events_table
 
 
 def _buffered(n: int, partition: int, first_offset: int, prefix: str) -> pa.Table:
-    table = events_table([event(f"{prefix}{i}", i % 3, 1_000 + i) for i in range(n)])
+    table = events_table([event(f"{prefix}{i}", i % 11, 1_000 + i) for i in range(n)])
     table = table.append_column(PARTITION, pa.array(np.full(n, partition, np.int32)))
     return table.append_column(OFFSET, pa.array(np.arange(first_offset, first_offset + n, dtype=np.int64)))
 
 
-def test_flush_shard_writes_the_histories_and_returns_the_offsets_per_partition(tmp_path: Path) -> None:
-    out = str(tmp_path)
-    acks = flush_shard(out, 2, [_buffered(4, 0, 10, "a"), _buffered(0, 1, 0, "x"), _buffered(3, 1, 7, "b")],
-                       max_history=10)
-    assert {p: o.tolist() for p, o in acks} == {0: [10, 11, 12, 13], 1: [7, 8, 9]}
-    state = latest_histories(out, 2)
-    assert sorted(state.column("user_id").to_pylist()) == [0, 1, 2]
-    assert sum(state.column("num_events_total").to_pylist()) == 7
-    assert state.equals(ShardStates().load(out, 2)[0])
-    assert flush_shard(out, 2, [_buffered(0, 0, 0, "x")], max_history=10) == []  # nothing to write
+def test_flush_shards_writes_each_shard_and_returns_the_offsets_per_partition(tmp_path: Path) -> None:
+    from pipelines.features.sharding import split_by_shard
+    from pipelines.kafka.stream_state import merge_shard
+
+    out, num_shards = str(tmp_path), 4
+    buffered = pa.concat_tables([_buffered(40, 0, 10, "a"), _buffered(0, 1, 0, "x"), _buffered(30, 1, 7, "b")])
+    by_shard = {s: [t] for s, t in split_by_shard(buffered, num_shards)}
+    assert len(by_shard) > 1
+    acks = flush_shards(out, by_shard, num_shards=num_shards, max_history=10)
+    assert {p: sorted(o.tolist()) for p, o in acks} == {0: list(range(10, 50)), 1: list(range(7, 37))}
+    for s, tables in by_shard.items():  # each shard alone would have built the same histories
+        alone = merge_shard(pa.concat_tables(tables), None, max_history=10).state
+        assert latest_histories(out, s).drop_columns(["watermark"]).equals(alone.drop_columns(["watermark"]))
+        assert latest_histories(out, s).equals(ShardStates().load(out, s)[0])
+    assert latest_histories(out).num_rows == buffered.group_by("user_id").aggregate([]).num_rows
+    assert flush_shards(out, {0: [_buffered(0, 0, 0, "x")]}, num_shards=num_shards, max_history=10) == []
 
 
-def test_flusher_coalesces_requests_for_a_busy_shard_and_hands_back_acks() -> None:
+def test_flusher_coalesces_requests_while_busy_and_hands_back_acks() -> None:
     release, calls = threading.Event(), []
 
-    def flush(shard: int) -> list[tuple[int, np.ndarray]]:
-        calls.append(shard)
+    def flush(shards: list[int]) -> list[tuple[int, np.ndarray]]:
+        calls.append(shards)
         release.wait(5)
-        return [(shard, np.asarray([len(calls)]))]
+        return [(s, np.asarray([len(calls)])) for s in shards]
 
     flusher = Flusher(flush)
     flusher.request(0)
-    while not calls:  # the first flush of shard 0 is running
+    while not calls:  # the first flush (shard 0) is running
         threading.Event().wait(0.01)
-    for _ in range(3):
-        flusher.request(0)  # queued once: the next flush takes everything buffered by then
-    flusher.request(1)
+    for shard in (0, 2, 0, 1):
+        flusher.request(shard)  # all wait for one flush, which takes everything buffered by then
     release.set()
     acks = flusher.wait()
-    assert calls == [0, 0, 1]
-    assert [(s, o.tolist()) for s, o in acks] == [(0, [1]), (0, [2]), (1, [3])]
+    assert calls == [[0], [0, 1, 2]]
+    assert [(s, o.tolist()) for s, o in acks] == [(0, [1]), (0, [2]), (1, [2]), (2, [2])]
     assert flusher.finished() == []
 
 
 def test_a_failed_flush_fails_the_next_call_once() -> None:
-    def flush(shard: int) -> list[tuple[int, np.ndarray]]:
-        if shard == 1:
+    def flush(shards: list[int]) -> list[tuple[int, np.ndarray]]:
+        if 1 in shards:
             raise OSError("disk full")
-        return [(shard, np.asarray([5]))]
+        return [(s, np.asarray([5])) for s in shards]
 
     flusher = Flusher(flush)
     flusher.request(1)
