@@ -84,8 +84,9 @@ def sample_by_label(table: pa.Table, max_rows: int | None, positive_share: float
     of its group's sampling rate, so weighted means are the table's).
 
     With ``positive_share``, positives are kept first, up to that share of ``max_rows``
-    (converted rows before clicked-only ones) and negatives fill the rest: rare labels
-    (a conversion per ~800 impressions) keep every example they have. Without it, or when
+    (converted rows first, up to half of it while clicked-only rows exist, so each group
+    keeps rows to stand for it) and negatives fill the rest: rare labels (a conversion
+    per ~200-800 impressions) keep every example they have. Without it, or when
     the table is small enough, a uniform sample (weights 1)."""
     if max_rows is None or table.num_rows <= max_rows or positive_share is None:
         sampled = sample_rows(table, max_rows, seed)
@@ -94,7 +95,7 @@ def sample_by_label(table: pa.Table, max_rows: int | None, positive_share: float
     clicked = np.asarray(table.column("clicked").to_numpy(zero_copy_only=False), bool) & ~converted
     groups = [np.flatnonzero(converted), np.flatnonzero(clicked), np.flatnonzero(~(converted | clicked))]
     budget = round(positive_share * max_rows)
-    keep_conv = min(len(groups[0]), budget)
+    keep_conv = min(len(groups[0]), budget // 2 if len(groups[1]) else budget)  # leave clicked-only rows room
     keep_click = min(len(groups[1]), budget - keep_conv)
     sizes = [keep_conv, keep_click, min(len(groups[2]), max_rows - keep_conv - keep_click)]
     rng = np.random.default_rng(seed)
