@@ -166,4 +166,4 @@ def test_interest_loss_teaches_the_user_representation_the_categories_a_user_see
         losses.append(float(loss.detach()))
     assert losses[-1] < 0.5 * losses[0]
     nothing = dataclasses.replace(random_batch([0] * 16, seed=1), target_category=torch.full_like(favourite, -1))
-    assert float(model.interest_loss(model(nothing).user_embedding, nothing)) == 0.0
+    assert model.interest_loss(model(nothing).user_embedding, nothing).item() == 0.0
