@@ -126,13 +126,14 @@ def main() -> None:
 
     best: dict[str, float] = {}
     for rep in range(REPEAT):
-        _, seconds = timed(lambda: kcat_to_null(kcat, topic))
-        best["kcat"] = min(best.get("kcat", float("inf")), seconds)
+        runs: dict[str, float] = {}
+        _, runs["kcat"] = timed(lambda: kcat_to_null(kcat, topic))
         for backend in BACKENDS:
-            (events, dead), seconds = timed(lambda b=backend: consume_to_arrow(connection, ranges, b))
+            (events, dead), runs[backend] = timed(lambda b=backend: consume_to_arrow(connection, ranges, b))
             assert events + dead == n, f"{backend} read {events + dead} of {n}"
-            best[backend] = min(best.get(backend, float("inf")), seconds)
-        print(f"rep {rep}: " + "  ".join(f"{k} {n / v / 1e3:.0f}k msg/s" for k, v in best.items()), flush=True)
+        best = {k: min(best.get(k, float("inf")), v) for k, v in runs.items()}
+        print(f"run {rep + 1}/{REPEAT}: " + "  ".join(f"{k} {n / v / 1e3:.0f}k msg/s" for k, v in runs.items()),
+              flush=True)
     rates = {k: n / v for k, v in best.items()}
 
     produce_n = min(total, 20_000 if QUICK else 100_000)
