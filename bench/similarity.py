@@ -218,10 +218,11 @@ def main() -> None:
     data, queries = clustered(n, 1, centres), clustered(n_queries, 2, centres)
     print(f"data: {n} x {DIM} clustered unit vectors, {n_queries} fresh queries; faiss {ops.faiss.__version__}, "
           f"{ops.faiss.omp_get_max_threads()} threads, GPUs visible to faiss: {ops.gpu_count('auto')}", flush=True)
-    truth, exact_qps = exact(data, queries) if "index" in legs else (None, float("nan"))
+    truth, exact_qps, factories = None, float("nan"), ["auto"]
     if "index" in legs:
+        truth, exact_qps = exact(data, queries)
         print(f"exact IndexFlatIP: {exact_qps:,.0f} queries/s (batched)", flush=True)
-    factories = os.environ.get("SIM_FACTORIES", "auto").split() if "index" in legs else ["auto"]
+        factories = os.environ.get("SIM_FACTORIES", "auto").split()
     figures = []
     for factory in factories:
         f = measure_index(data, queries, factory)
@@ -229,9 +230,8 @@ def main() -> None:
         figures.append(f)
         print(f"{f['factory']} ({f['params']}): recall@10 {f['recall']:.4f} at {f['qps']:,.0f} queries/s, "
               f"build {f['build_s']:.1f} s, {f['qps'] / exact_qps:.1f}x exact", flush=True)
-    latency = measure_resolver(figures[0]["index"], n_requests) if "resolver" in legs else None  # type: ignore
-    if latency is not None:
-        report_resolver(latency)
+    if "resolver" in legs:
+        report_resolver(measure_resolver(figures[0]["index"], n_requests))  # type: ignore[arg-type]
     if "stream" in legs:
         print(stream_mix(world_users, world_days), flush=True)
     if "index" in legs:
