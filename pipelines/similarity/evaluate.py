@@ -208,10 +208,8 @@ def _resolve_hidden(resolver: Resolver, world: _World) -> tuple[np.ndarray, np.n
 
 def _stored_user_reps(world: _World, users: np.ndarray) -> np.ndarray:
     """The user-level representation the store holds for each of ``users`` (zeros where none)."""
-    table = world.user_vectors
-    pos = np.minimum(np.searchsorted(table.user_id, users), max(len(table) - 1, 0))
-    hit = table.user_id[pos] == users if len(table) else np.zeros(len(users), bool)
-    return np.where(hit[:, None], table.vectors[pos], 0.0).astype(np.float32)
+    pos = world.index.positions_of(users)  # the index holds world.user_vectors, one row per user
+    return np.where(pos[:, None] >= 0, world.index.vectors[pos], 0.0).astype(np.float32)
 
 
 def _quality(world: _World, model: GemModel, paths: np.ndarray, emb: np.ndarray, code: int, prior: np.ndarray,
