@@ -116,16 +116,13 @@ class BlockLayout:
         # empty slots repeat token 0: masked everywhere they could matter, so no zero row is needed
         return cls(block_size, slot, source.clamp_min(0), valid, block_user, has_previous, int(lengths.numel()))
 
-    def scatter(self, values: torch.Tensor, *, leading_empty_block: bool = False) -> torch.Tensor:
+    def scatter(self, values: torch.Tensor) -> torch.Tensor:
         """``values: (L, *F)`` with L > 0 -> ``blocks: (NB, S, *F)``.
 
         Empty slots (``~valid``) hold arbitrary finite values (a copy of token 0):
-        callers mask them. With ``leading_empty_block`` the result is ``(NB + 1, S, *F)``
-        with an empty block first, so block ``j``'s predecessor is row ``j`` and itself
-        row ``j + 1``.
+        callers mask them.
         """
-        source = self.source if leading_empty_block else self.source[self.block_size:]
-        return values.index_select(0, source).view(-1, self.block_size, *values.shape[1:])
+        return values.index_select(0, self.source[self.block_size:]).view(-1, self.block_size, *values.shape[1:])
 
     def gather(self, blocks: torch.Tensor) -> torch.Tensor:
         """``blocks: (NB, S, *F)`` -> ``values: (L, *F)`` (inverse of :meth:`scatter`)."""
@@ -136,9 +133,7 @@ class BlockLayout:
 
         ``blocks: (NB, S, *F)`` -> ``(NB, S, *F), (NB, S)``.
         """
-        shifted = torch.roll(blocks, shifts=1, dims=0)
-        valid = torch.roll(self.valid, shifts=1, dims=0) & self.has_previous[:, None]
-        return shifted, valid
+        return torch.roll(blocks, shifts=1, dims=0), self.previous_valid
 
 
 @dataclass(frozen=True)
