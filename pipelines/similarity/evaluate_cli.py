@@ -63,6 +63,13 @@ def _f(x: Any, spec: str = ".3f") -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
+def _gain_cells(head: str, g: dict[str, Any]) -> str:
+    """The head's columns of a report row: AUC exact, fallback, none, gain kept and its interval."""
+    return (f"{head:<4} {_f(g.get('auc_exact')):>9} {_f(g.get('auc_fallback')):>8} {_f(g.get('auc_none')):>6} "
+            f"{_f(g.get('gain_kept'), '.1%'):>9} "
+            f"{_f(g.get('gain_kept_p05'), '.0%'):>7}-{_f(g.get('gain_kept_p95'), '.0%'):<7}")
+
+
 def print_report(report: dict[str, Any]) -> None:
     print(f"evaluate-fallback: {report['pairs']} holdout pairs ({report['clicked']} clicked), "
           f"{report['hidden']} hidden; model {report['model_version']}")
@@ -74,17 +81,11 @@ def print_report(report: dict[str, Any]) -> None:
         for head in heads:
             g = q.get(f"head_{head}", {})
             print(f"{name:<15} {_f(q['share_of_hidden'], '.2f'):>6} {_f(q.get('cosine_mean')):>7} "
-                  f"{_f(q.get('cosine_none_mean'), '.2f'):>6} | "
-                  f"{head:<4} {_f(g.get('auc_exact')):>9} {_f(g.get('auc_fallback')):>8} "
-                  f"{_f(g.get('auc_none')):>6} {_f(g.get('gain_kept'), '.1%'):>9} "
-                  f"{_f(g.get('gain_kept_p05'), '.0%'):>7}-{_f(g.get('gain_kept_p95'), '.0%'):<7}")
+                  f"{_f(q.get('cosine_none_mean'), '.2f'):>6} | {_gain_cells(head, g)}")
     if "random_users_control" in report:
         r = report["random_users_control"]
-        g = r["head_pair"]
         print(f"{'random users':<15} {'-':>6} {_f(r['cosine_mean']):>7} {'-':>6} | "
-              f"{'pair':<4} {_f(g['auc_exact']):>9} {_f(g['auc_fallback']):>8} {_f(g['auc_none']):>6} "
-              f"{_f(g['gain_kept'], '.1%'):>9} {_f(g['gain_kept_p05'], '.0%'):>7}-{_f(g['gain_kept_p95'], '.0%'):<7}"
-              f"  (control: {r['k']} random users' pairs for the same ad)")
+              f"{_gain_cells('pair', r['head_pair'])}  (control: {r['k']} random users' pairs for the same ad)")
     print("policy mix on hidden pairs: " + ", ".join(f"{k} {v}" for k, v in report["policy"]["mix"].items()))
     for name, r in report.get("stream", {}).items():
         mix = ", ".join(f"{k} {v:.1%}" for k, v in r["shares"].items())
