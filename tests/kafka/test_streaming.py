@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -104,23 +105,46 @@ def _stream_to_idle(topic: str, group: str, out: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-def _start_stream(topic: str, group: str, out: Path, log: Path) -> subprocess.Popen:
-    """The streaming job in the background, in its own session (so a SIGKILL takes its Prism too).
-    Its stderr goes to ``log``, a file rather than a pipe: a full pipe would block the job."""
-    return subprocess.Popen(_stream_cmd(topic, group, out), stdout=subprocess.DEVNULL, stderr=log.open("wb"),
-                            start_new_session=True)
+@dataclass
+class _HalfStreamed:
+    """A topic whose first half is produced, with the streaming job running on it."""
+
+    lines: list[bytes]
+    topic: str
+    group: str
+    out: Path
+    log: Path
+    job: subprocess.Popen
+
+    @property
+    def first(self) -> list[bytes]:
+        return self.lines[: len(self.lines) // 2]
+
+    @property
+    def second(self) -> list[bytes]:
+        return self.lines[len(self.lines) // 2 :]
+
+
+def _start_on_first_half(kafka: KafkaConnection, make_topic: MakeTopic, tmp_path: Path, *, users: int, seed: int,
+                         partitions: int) -> _HalfStreamed:
+    """Generate ``users``' events, produce the first half to a new topic and start the streaming job on it in
+    the background, in its own session (so a SIGKILL takes its Prism too). Its stderr goes to ``log``, a file
+    rather than a pipe: a full pipe would block the job."""
+    lines = _generate(tmp_path, users, seed=seed)
+    first = lines[: len(lines) // 2]
+    topic, group = make_topic(partitions), f"g-{uuid.uuid4().hex[:8]}"
+    produce(kafka, topic, first, keys=_keyed(first))
+    out, log = tmp_path / "stream", tmp_path / "stream.log"
+    job = subprocess.Popen(_stream_cmd(topic, group, out), stdout=subprocess.DEVNULL, stderr=log.open("wb"),
+                           start_new_session=True)
+    return _HalfStreamed(lines, topic, group, out, log, job)
 
 
 def test_sigkill_mid_topic_then_restart_loses_and_duplicates_nothing(
     kafka: KafkaConnection, make_topic: MakeTopic, tmp_path: Path, prism: str
 ) -> None:
-    lines = _generate(tmp_path, 150, seed=22)
-    first, second = lines[: len(lines) // 2], lines[len(lines) // 2 :]
-    topic, group = make_topic(3), f"g-{uuid.uuid4().hex[:8]}"
-    produce(kafka, topic, first, keys=_keyed(first))
-    out = tmp_path / "stream"
-    log = tmp_path / "stream.log"
-    job = _start_stream(topic, group, out, log)
+    run = _start_on_first_half(kafka, make_topic, tmp_path, users=150, seed=22, partitions=3)
+    lines, second, topic, group, out, log, job = run.lines, run.second, run.topic, run.group, run.out, run.log, run.job
     def produce_slowly() -> None:  # the second half trickles in over ~3 s, so the kill lands mid-topic
         for chunk in range(10):
             part = second[chunk::10]
@@ -157,13 +181,9 @@ def _kafka_sh(action: str) -> None:
 def test_broker_restart_while_streaming_loses_nothing(
     kafka: KafkaConnection, make_topic: MakeTopic, tmp_path: Path, prism: str
 ) -> None:
-    lines = _generate(tmp_path, 100, seed=23)
-    first, second = lines[: len(lines) // 2], lines[len(lines) // 2 :]
-    topic, group = make_topic(2), f"g-{uuid.uuid4().hex[:8]}"
-    produce(kafka, topic, first, keys=_keyed(first))
-    out = tmp_path / "stream"
-    log = tmp_path / "stream.log"
-    job = _start_stream(topic, group, out, log)
+    run = _start_on_first_half(kafka, make_topic, tmp_path, users=100, seed=23, partitions=2)
+    lines, first, second, topic, group = run.lines, run.first, run.second, run.topic, run.group
+    out, log, job = run.out, run.log, run.job
     try:
         deadline = time.monotonic() + 120
         while sum(c or 0 for c in _committed(kafka, topic, group, 2)) < len(first):
