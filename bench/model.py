@@ -38,7 +38,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from bench.common import QUICK, WORK, generate, result
 from pipelines.model.attention import BlockAttention
 from pipelines.model.config import GemConfig
-from pipelines.model.gem import GemModel
+from pipelines.model.gem import CPU_CHUNK_BLOCKS, GemModel
 from pipelines.model.jagged import BlockLayout, lengths_to_offsets, to_padded_dense
 from pipelines.model.train import TrainConfig, train_model
 from tests.model.factories import random_batch
@@ -92,8 +92,8 @@ def padded_full_attention(layer: BlockAttention, tokens: torch.Tensor, offsets: 
 
 def jagged_block_attention(layer: BlockAttention, tokens: torch.Tensor, offsets: torch.Tensor,
                            summary: torch.Tensor, block_size: int) -> torch.Tensor:
-    """The project's path, as the model runs it (cache-sized chunks of 64 blocks on CPU)."""
-    max_blocks = 64 if DEVICE.type == "cpu" else None
+    """The project's path, as the model runs it (cache-sized chunks of blocks on CPU)."""
+    max_blocks = CPU_CHUNK_BLOCKS if DEVICE.type == "cpu" else None
     return layer(tokens, BlockLayout.build(offsets, block_size), summary, max_blocks)
 
 

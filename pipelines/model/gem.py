@@ -35,6 +35,9 @@ from pipelines.model.interaction import MixtureOfExperts
 from pipelines.model.jagged import BlockLayout, to_padded_dense
 from pipelines.model.match import NUM_MATCH_FEATURES, match_features
 
+#: Blocks per block-attention chunk on CPU (4,096 tokens at S=64); GPUs run all blocks at once.
+CPU_CHUNK_BLOCKS = 64
+
 
 def conversion_logit(click_logit: torch.Tensor, after_click_logit: torch.Tensor) -> torch.Tensor:
     """Logit of ``p(click) * p(conversion | click)`` (ESMM, Ma et al. 2018): conversions
@@ -131,7 +134,7 @@ class GemModel(nn.Module):
         self.surface_bias = nn.Embedding(c.num_surfaces + 1, 2)
         nn.init.zeros_(self.surface_bias.weight)
         self.model_version = f"untrained-{c.fingerprint()}"
-        self.cpu_chunk_blocks = 64  # blocks per block-attention chunk on CPU (4,096 tokens at S=64)
+        self.cpu_chunk_blocks = CPU_CHUNK_BLOCKS
 
     # ---- sequence encoder -----------------------------------------------------------
     def _sequence_layers(self) -> list[SequenceLayer]:
