@@ -230,7 +230,8 @@ class _Data:
 
     def base_rates(self) -> tuple[float, float]:
         """Weighted click and conversion rates of the training rows (the split's rates)."""
-        return tuple(float(np.average(self.train.fields[t], weights=self.weights)) for t in TASKS)  # type: ignore[return-value]
+        click, conversion = (float(np.average(self.train.fields[t], weights=self.weights)) for t in TASKS)
+        return click, conversion
 
 
 def _prepare(data_dir: str | Path, tc: TrainConfig, max_len: int) -> _Data:
