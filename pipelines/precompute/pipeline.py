@@ -21,6 +21,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipelines.errors import ConfigError, PipelinesError
 from pipelines.features.transforms import WriteDeadLetters, WriteSummary
 from pipelines.io.files import SUMMARY, expand_inputs, join, match_files, prepare_output, read_summary, splits_of
+from pipelines.model.gem import GemModel
 from pipelines.precompute.handler import Batching, GemModelHandler
 from pipelines.precompute.transforms import (
     COUNTS,
@@ -87,16 +88,20 @@ def _watermark(history_files: Sequence[str]) -> int | None:
     return None
 
 
-def _resolve(config: PrecomputeConfig) -> _Resolved:
+def load_model_flag(path: str, flag: str = "--model") -> GemModel:
+    """The model at ``path`` on the CPU (to check it and read its version); a clear error naming ``flag``."""
     from pipelines.model.checkpoint import CheckpointError, load_model
 
+    try:
+        return load_model(path, device="cpu")
+    except (CheckpointError, FileNotFoundError) as exc:
+        raise ConfigError(flag, str(exc), "point it at the --output folder of `python -m pipelines train`") from exc
+
+
+def _resolve(config: PrecomputeConfig) -> _Resolved:
     summary = _features_summary(config.features)
     files = match_files(join(config.features, "histories", "*", "*.parquet"))
-    try:
-        model = load_model(config.model, device="cpu")
-    except (CheckpointError, FileNotFoundError) as exc:
-        raise ConfigError("--model", str(exc), "point it at the --output folder of `python -m pipelines train`") \
-            from exc
+    model = load_model_flag(config.model)
     return _Resolved(int(summary["num_shards"]), _watermark(files), files, model.model_version,
                      model.config.max_len)
 

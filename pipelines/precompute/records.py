@@ -9,10 +9,11 @@ from pipelines.model.gem import Representations
 from schemas.layouts import TIME, representation_schema
 
 
-def representation_table(reps: Representations, *, model_version: str, watermark_ms: int | None,
+def representation_table(reps: Representations, *, model_version: str, watermark_ms: int | np.ndarray | None,
                          computed_at_ms: int) -> pa.Table:
     """A REPRESENTATION table: pair rows (ad_id set) carry the pair embedding, user-level rows
-    (ad_id -1 in ``reps``, null here) the L2-normalised user embedding."""
+    (ad_id -1 in ``reps``, null here) the L2-normalised user embedding. ``watermark_ms`` is one
+    history watermark for every row, or one per row (B,)."""
     is_user = reps.ad_id < 0
     dim = reps.pair_embedding.shape[1]
     embedding = np.where(is_user[:, None], reps.user_embedding, reps.pair_embedding).astype(np.float16)
@@ -27,11 +28,16 @@ def representation_table(reps: Representations, *, model_version: str, watermark
             "p_click": pa.array(reps.p_click, pa.float32()),
             "p_conversion": pa.array(reps.p_conversion, pa.float32()),
             "model_version": pa.array([model_version] * n, pa.string()),
-            "history_watermark": pa.array([watermark_ms] * n, pa.int64()).cast(TIME),
-            "computed_at": pa.array([computed_at_ms] * n, pa.int64()).cast(TIME),
+            "history_watermark": _times(watermark_ms, n),
+            "computed_at": _times(computed_at_ms, n),
         },
         schema=representation_schema(dim),
     )
+
+
+def _times(ms: int | np.ndarray | None, n: int) -> pa.Array:
+    values = np.asarray(ms, np.int64) if isinstance(ms, np.ndarray) else [ms] * n
+    return pa.array(values, pa.int64()).cast(TIME)
 
 
 def latest_per_key(table: pa.Table, request_ms: np.ndarray) -> tuple[pa.Table, int]:

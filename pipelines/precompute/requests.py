@@ -8,6 +8,7 @@ request time. Invalid candidate rows become dead letters with a reason.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,8 +16,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines.features.parse import dead_letter_table
-from pipelines.model.batch import GemBatch, HistoryIndex, build_candidate_batch, build_user_batch
+from pipelines.model.batch import GemBatch, HistoryIndex, ad_catalog, build_candidate_batch, build_user_batch
 from schemas.enums import SURFACES
+from schemas.layouts import HISTORY
 
 STAGE = "precompute"
 MAX_ADS_PER_REQUEST = 10_000
@@ -79,3 +81,14 @@ def user_elements(index: HistoryIndex, *, max_len: int, chunk: int = 256) -> lis
     batch = build_user_batch(index, max_len=max_len)
     n = batch.num_rows
     return [(f"users:{index.user_ids[s]}", batch.select(np.arange(s, min(s + chunk, n)))) for s in range(0, n, chunk)]
+
+
+def merge_catalogs(tables: Iterable[pa.Table]) -> pa.Table:
+    """Ad catalogs (see :func:`pipelines.model.batch.ad_catalog`) as one, one row per ad (the first
+    table that knows an ad wins); an empty catalog for none."""
+    tables = [t for t in tables if t.num_rows]
+    if not tables:
+        return ad_catalog(HISTORY.schema.empty_table())
+    merged = pa.concat_tables(tables)
+    _, first = np.unique(merged.column("item_id").to_numpy(), return_index=True)
+    return merged.take(pa.array(first))

@@ -22,7 +22,7 @@ from pipelines.io.parquet import read_table, write_table
 from pipelines.model.batch import HistoryIndex
 from pipelines.precompute.handler import GemModelHandler
 from pipelines.precompute.records import latest_per_key, representation_table
-from pipelines.precompute.requests import STAGE, check_candidates, request_elements, user_elements
+from pipelines.precompute.requests import STAGE, check_candidates, merge_catalogs, request_elements, user_elements
 from schemas.layouts import HISTORY, REPRESENTATION
 
 __all__ = ["AdCatalog", "PrepareRequests", "ReadCandidates", "RunGemInference", "WriteRepresentations"]
@@ -194,17 +194,6 @@ def _catalog_of(path: str) -> pa.Table:
     return ad_catalog(read_table(path, HISTORY))
 
 
-def _merge_catalogs(tables: Iterable[pa.Table]) -> pa.Table:
-    from pipelines.model.batch import ad_catalog
-
-    tables = [t for t in tables if t.num_rows]
-    if not tables:
-        return ad_catalog(HISTORY.schema.empty_table())
-    merged = pa.concat_tables(tables)
-    _, first = np.unique(merged.column("item_id").to_numpy(), return_index=True)
-    return merged.take(pa.array(first))
-
-
 class AdCatalog(beam.PTransform):
     """History files → one table of (item_id, advertiser_id, item_category) per ad seen."""
 
@@ -217,5 +206,5 @@ class AdCatalog(beam.PTransform):
             pbegin
             | "HistoryFiles" >> beam.Create(self._files)
             | "AdsOfFile" >> beam.Map(_catalog_of).with_output_types(pa.Table)
-            | "Merge" >> beam.CombineGlobally(_merge_catalogs).with_output_types(pa.Table)
+            | "Merge" >> beam.CombineGlobally(merge_catalogs).with_output_types(pa.Table)
         )
