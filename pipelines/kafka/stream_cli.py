@@ -10,6 +10,10 @@ nothing and, deduplicating by event_id, counts nothing twice. Malformed messages
 go to OUTPUT/dead_letters/ (and --dead-letter-topic). --idle-exit makes the job
 finish once no message came for that long (tests, backfills).
 
+With --model and --store, every flush also refreshes its users' representations in
+the online store (user-level rows, and pair rows for users whose latest candidate
+set in --candidates is recent) before their offsets are committed.
+
 Runs on Beam's Prism runner built by `make prism` (never downloaded at run time).
 """
 
@@ -39,6 +43,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds between flushes of a shard (default: %(default)s)")
     parser.add_argument("--idle-exit", type=float, default=None, metavar="SECONDS",
                         help="finish when no message arrived for this long (default: run until stopped)")
+    parser.add_argument("--model", metavar="MODEL_DIR",
+                        help="refresh representations with this model (output folder of the train command)")
+    parser.add_argument("--store", metavar="URI",
+                        help="online store for refreshed representations: lmdb:///path or redis://host:port/db")
+    parser.add_argument("--candidates", nargs="+", default=(), metavar="PATH_OR_GLOB",
+                        help="candidate sets (CANDIDATES Parquet): also refresh each touched user's pair "
+                             "representations for their latest candidate set")
+    parser.add_argument("--candidate-ttl", type=float, default=86_400.0, metavar="SECONDS",
+                        help="a candidate set is recent if requested at most this long before the user's last "
+                             "event (default: %(default)s)")
+    parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
     parser.add_argument("--prism-location", default=None, help="Prism binary (default: .cache/bin/prism)")
     add_connection_arguments(parser)
 
@@ -60,7 +75,16 @@ def run(args: argparse.Namespace) -> int:
     config = StreamConfig(topic=args.topic, output=args.output, group=args.group, num_shards=args.num_shards,
                           max_history=args.max_history, flush_interval_s=args.flush_interval,
                           idle_exit_s=args.idle_exit, histories_topic=args.to_topic,
-                          dead_letter_topic=args.dead_letter_topic)
+                          dead_letter_topic=args.dead_letter_topic, model=args.model, store=args.store,
+                          candidates=tuple(args.candidates), candidate_ttl_s=args.candidate_ttl, device=args.device)
+    if config.store:
+        from pipelines.store import open_store
+
+        open_store(config.store).close()  # a bad URI or an unreachable server fails before any work
+    if config.model:
+        from pipelines.precompute.pipeline import load_model_flag
+
+        load_model_flag(config.model)  # a missing or mismatched checkpoint fails before any work
     connection = connection_from_args(args)
     starts = start_offsets(connection, args.topic, args.group, Position.parse(args.start, "--from"))
     logging.getLogger(__name__).info("stream: %s from %s", args.topic,

@@ -3,7 +3,8 @@
 :func:`flush_shards` merges buffered EVENT tables into their shards' histories,
 writes each shard's changed rows as one flush file (atomically), publishes them
 when asked, and returns the flushed offsets per partition, which may be
-acknowledged only now. :class:`Flusher` runs these flushes on one thread of the
+acknowledged only now, with the touched users' histories (for the representation
+refresh, :mod:`pipelines.kafka.stream_refresh`). :class:`Flusher` runs these flushes on one thread of the
 worker, so a bundle never waits for a merge or a write (on Prism the next
 bundle of the stage waited for it: ~0.2 s p50 and ~1 s p99 between the reader
 and ``AppendHistories`` in a lab freshness run); later bundles pick up the
@@ -22,7 +23,8 @@ import queue
 import threading
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -37,18 +39,29 @@ from pipelines.kafka.stream_state import (
     shard_lock,
     write_flush,
 )
+from schemas.layouts import HISTORY
 
-__all__ = ["Acks", "Flusher", "flush_shards", "shared_flusher"]
+__all__ = ["Acks", "Flusher", "ShardFlush", "flush_shards", "shared_flusher"]
 
 log = logging.getLogger(__name__)
 
 #: (partition, offsets) pairs made durable by a flush.
 Acks = list[tuple[int, np.ndarray]]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ShardFlush:
+    """What one flush made durable: ``acks`` (offsets per partition) and ``histories``, the
+    HISTORY rows of every user its events touched (even when all of them were duplicates)."""
+
+    acks: Acks
+    histories: pa.Table
 
 
 def flush_shards(output: str, buffered: Mapping[int, list[pa.Table]], *, num_shards: int, max_history: int,
-                 sink: Any = None) -> Acks:
-    """Merge each shard's buffered tables (EVENT + ``_partition``/``_offset``) into its histories; their offsets.
+                 sink: Any = None) -> ShardFlush:
+    """Merge each shard's buffered tables (EVENT + ``_partition``/``_offset``) into its histories.
 
     The shards are merged together (one :func:`merge_shard` over their states:
     users never span shards, so each history is the same, and the fixed cost of
@@ -61,7 +74,7 @@ def flush_shards(output: str, buffered: Mapping[int, list[pa.Table]], *, num_sha
     tables = {s: [t for t in ts if t.num_rows] for s, ts in buffered.items()}
     shards = sorted(s for s, ts in tables.items() if ts)
     if not shards:
-        return []
+        return ShardFlush([], HISTORY.schema.empty_table())
     events = pa.concat_tables([t for s in shards for t in tables[s]])
     with ExitStack() as locks:
         for s in shards:  # in shard order, so two writers never wait on each other
@@ -80,11 +93,12 @@ def flush_shards(output: str, buffered: Mapping[int, list[pa.Table]], *, num_sha
         sink.flush()
     partitions = events.column(PARTITION).to_numpy()
     offsets = events.column(OFFSET).to_numpy()
-    return [(int(p), offsets[partitions == p]) for p in np.unique(partitions)]
+    return ShardFlush([(int(p), offsets[partitions == p]) for p in np.unique(partitions)], merged.changed)
 
 
-class Flusher:
-    """Runs ``flush(shards)`` calls one after another on a background thread.
+class Flusher(Generic[T]):
+    """Runs ``flush(shards)`` calls (each returns a list of results, e.g. acknowledgements) one
+    after another on a background thread.
 
     ``request(shard)`` asks for a flush of ``shard``; a shard already waiting in
     the queue is not queued twice, and each flush takes every shard waiting when
@@ -96,13 +110,13 @@ class Flusher:
     and are read again.
     """
 
-    def __init__(self, flush: Callable[[list[int]], Acks]) -> None:
+    def __init__(self, flush: Callable[[list[int]], list[T]]) -> None:
         self._flush = flush
         self._lock = threading.Lock()
         self._queued: set[int] = set()
         self._wake = threading.Condition(self._lock)
         self._busy = False
-        self._done: queue.Queue[tuple[int, np.ndarray]] = queue.Queue()
+        self._done: queue.Queue[T] = queue.Queue()
         self._errors: queue.Queue[Exception] = queue.Queue()
         threading.Thread(target=self._run, name="stream-flusher", daemon=True).start()
 
@@ -112,14 +126,14 @@ class Flusher:
             self._queued.add(shard)
             self._wake.notify_all()
 
-    def finished(self) -> Acks:
+    def finished(self) -> list[T]:
         self._raise()
-        acks = []
+        done = []
         while not self._done.empty():
-            acks.append(self._done.get_nowait())
-        return acks
+            done.append(self._done.get_nowait())
+        return done
 
-    def wait(self) -> Acks:
+    def wait(self) -> list[T]:
         with self._lock:
             self._wake.wait_for(lambda: not self._queued and not self._busy)
         return self.finished()
@@ -134,8 +148,8 @@ class Flusher:
                 self._wake.wait_for(lambda: bool(self._queued))
                 shards, self._queued, self._busy = sorted(self._queued), set(), True
             try:
-                for ack in self._flush(shards):
-                    self._done.put(ack)
+                for item in self._flush(shards):
+                    self._done.put(item)
             except Exception as exc:  # handed to the next bundle, which fails with it
                 log.exception("flush of shards %s failed", shards)
                 self._errors.put(exc)
@@ -145,11 +159,11 @@ class Flusher:
                     self._wake.notify_all()
 
 
-_FLUSHERS: dict[str, Flusher] = {}
+_FLUSHERS: dict[str, Flusher[Any]] = {}
 _FLUSHERS_GUARD = threading.Lock()
 
 
-def shared_flusher(key: str, make: Callable[[], Flusher]) -> Flusher:
+def shared_flusher(key: str, make: Callable[[], Flusher[T]]) -> Flusher[T]:
     """The worker's one flusher for ``key`` (a job's output folder), made on first use."""
     with _FLUSHERS_GUARD:
         if key not in _FLUSHERS:

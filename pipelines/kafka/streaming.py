@@ -17,8 +17,11 @@ The job, on a streaming runner (Beam's Prism, built by ``make prism``):
    state; the worker keeps it in memory between flushes
    (:data:`pipelines.kafka.stream_state.SHARD_STATES`) and checks it against the
    files under the shard lock;
-3. dead letters are written (Parquet, optional topic) and acknowledged likewise;
-4. ``CommitOffsets``, keyed by partition, commits to the group the first offset
+3. with a model and a store, ``RefreshRepresentations``
+   (:mod:`pipelines.kafka.stream_refresh`) writes each flush's touched users'
+   representations to the online store before passing its acknowledgements on;
+4. dead letters are written (Parquet, optional topic) and acknowledged likewise;
+5. ``CommitOffsets``, keyed by partition, commits to the group the first offset
    not yet durable (:class:`pipelines.kafka.stream_state.OffsetLedger`).
 
 So a commit never gets ahead of what is durable. After a crash (even SIGKILL)
@@ -52,6 +55,7 @@ from pipelines.kafka.config import KafkaConnection
 from pipelines.kafka.consume import PartitionPoller
 from pipelines.kafka.decode import decode_indexed
 from pipelines.kafka.stream_acks import CommitOffsetsFn, WriteDeadLettersFn, open_sink
+from pipelines.kafka.stream_refresh import RefreshRepresentationsFn
 from pipelines.kafka.stream_state import OFFSET, PARTITION
 from schemas.layouts import EVENT
 
@@ -78,6 +82,11 @@ class StreamConfig:
     redeliver_after_s: float = 15.0
     histories_topic: str | None = None
     dead_letter_topic: str | None = None
+    model: str | None = None
+    store: str | None = None
+    candidates: tuple[str, ...] = ()
+    candidate_ttl_s: float = 86_400.0
+    device: str = "auto"
 
     def __post_init__(self) -> None:
         if not self.topic or not self.group:
@@ -90,6 +99,21 @@ class StreamConfig:
             raise ConfigError("--flush-interval", f"got {self.flush_interval_s}", "pass 0.01..3600 seconds")
         if self.idle_exit_s is not None and self.idle_exit_s <= 0:
             raise ConfigError("--idle-exit", f"got {self.idle_exit_s}", "pass a positive number of seconds")
+        if (self.model is None) != (self.store is None):
+            raise ConfigError("--model" if self.model is None else "--store", "representations need both a model "
+                              "and a store", "pass --model MODEL_DIR and --store URI together, or neither")
+        if self.candidates and self.model is None:
+            raise ConfigError("--candidates", "candidate sets are only read to refresh pair representations",
+                              "pass --model and --store too, or drop --candidates")
+        if self.candidate_ttl_s <= 0:
+            raise ConfigError("--candidate-ttl", f"got {self.candidate_ttl_s}", "pass a positive number of seconds")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError("--device", f"got {self.device!r}", "pass auto, cpu or cuda")
+
+    @property
+    def refresh(self) -> bool:
+        """Whether flushed histories go on to the representation refresh."""
+        return self.model is not None
 
 
 @dataclass(frozen=True)
@@ -243,7 +267,9 @@ class _AppendHistoriesFn(beam.DoFn):
     tick) arrives and the oldest buffered one has waited ``flush_interval_s``,
     and once more when the input ends (an event-time timer at the end of the
     global window, which waits for it). It runs on the worker's flush thread;
-    every call emits the acknowledgements of the flushes finished so far.
+    every call emits the acknowledgements of the flushes finished so far (with
+    ``config.refresh``: one (touched histories, acknowledgements) pair per flush,
+    for ``RefreshRepresentations``).
     Processing-time timers are not used: on Prism they fire late while a stage
     keeps receiving bundles. The buffer is not bag state either: Prism ran
     overlapping bundles of one key that lost appends (see ``PendingEvents``).
@@ -253,24 +279,27 @@ class _AppendHistoriesFn(beam.DoFn):
         self._connection, self._config = connection, config
 
     def setup(self) -> None:
-        from pipelines.kafka.stream_flush import Acks, Flusher, flush_shards, shared_flusher
+        from pipelines.kafka.stream_flush import Flusher, flush_shards, shared_flusher
         from pipelines.kafka.stream_state import PENDING
 
         config = self._config
         output = config.output
 
-        def make() -> Flusher:
+        def make() -> Flusher[Any]:
             sink = open_sink(self._connection, config.histories_topic)
 
-            def flush(shards: list[int]) -> Acks:
-                return flush_shards(output, {s: PENDING.take((output, s)) for s in shards},
+            def flush(shards: list[int]) -> list[Any]:
+                done = flush_shards(output, {s: PENDING.take((output, s)) for s in shards},
                                     num_shards=config.num_shards, max_history=config.max_history, sink=sink)
+                if not config.refresh:
+                    return done.acks
+                return [(done.histories, done.acks)] if done.acks else []
 
             return Flusher(flush)
 
         self._flusher = shared_flusher(output, make)
 
-    def process(self, element: tuple[int, pa.Table], end: Any = END_OF_INPUT) -> Iterator[tuple[int, np.ndarray]]:
+    def process(self, element: tuple[int, pa.Table], end: Any = END_OF_INPUT) -> Iterator[Any]:
         from pipelines.kafka.stream_state import PENDING
 
         shard, table = element
@@ -282,7 +311,7 @@ class _AppendHistoriesFn(beam.DoFn):
         yield from self._flusher.finished()
 
     @on_timer(_END_OF_INPUT)
-    def on_end(self, shard: Any = KEY) -> Iterator[tuple[int, np.ndarray]]:
+    def on_end(self, shard: Any = KEY) -> Iterator[Any]:
         self._flusher.request(shard)
         yield from self._flusher.wait()
 
@@ -297,6 +326,8 @@ def build_stream(p: beam.Pipeline, connection: KafkaConnection, config: StreamCo
         .with_output_types(tuple[int, pa.Table]).with_outputs(ACKS, DEAD, main="events")
     )
     flushed = read["events"] | "AppendHistories" >> beam.ParDo(_AppendHistoriesFn(connection, config))
+    if config.refresh:
+        flushed = flushed | "RefreshRepresentations" >> beam.ParDo(RefreshRepresentationsFn(config))
     written = read[DEAD] | "WriteDeadLetters" >> beam.ParDo(WriteDeadLettersFn(connection, config))
     _ = (
         (flushed, written, read[ACKS])

@@ -90,3 +90,14 @@ def produce(connection: KafkaConnection, topic: str, values: Sequence[bytes], *,
             f.get(timeout=30)
     finally:
         producer.close()
+
+
+@pytest.fixture(scope="session")
+def prism() -> str:
+    """The Prism binary `make prism` built (never downloaded at run time)."""
+    from pipelines.options import default_prism
+
+    found = default_prism()
+    if not found:
+        pytest.fail("no Prism binary: run `make prism`")
+    return found

@@ -28,14 +28,20 @@ def test_flush_shards_writes_each_shard_and_returns_the_offsets_per_partition(tm
     buffered = pa.concat_tables([_buffered(40, 0, 10, "a"), _buffered(0, 1, 0, "x"), _buffered(30, 1, 7, "b")])
     by_shard = {s: [t] for s, t in split_by_shard(buffered, num_shards)}
     assert len(by_shard) > 1
-    acks = flush_shards(out, by_shard, num_shards=num_shards, max_history=10)
-    assert {p: sorted(o.tolist()) for p, o in acks} == {0: list(range(10, 50)), 1: list(range(7, 37))}
+    done = flush_shards(out, by_shard, num_shards=num_shards, max_history=10)
+    assert {p: sorted(o.tolist()) for p, o in done.acks} == {0: list(range(10, 50)), 1: list(range(7, 37))}
     for s, tables in by_shard.items():  # each shard alone would have built the same histories
         alone = merge_shard(pa.concat_tables(tables), None, max_history=10).state
         assert latest_histories(out, s).drop_columns(["watermark"]).equals(alone.drop_columns(["watermark"]))
         assert latest_histories(out, s).equals(ShardStates().load(out, s)[0])
     assert latest_histories(out).num_rows == buffered.group_by("user_id").aggregate([]).num_rows
-    assert flush_shards(out, {0: [_buffered(0, 0, 0, "x")]}, num_shards=num_shards, max_history=10) == []
+    assert sorted(done.histories.column("user_id").to_pylist()) == sorted(set(buffered.column("user_id").to_pylist()))
+    before = latest_histories(out).drop_columns(["watermark"])
+    again = flush_shards(out, by_shard, num_shards=num_shards, max_history=10)  # a replay: all duplicates
+    assert sorted(again.histories.column("user_id").to_pylist()) == sorted(done.histories.column("user_id").to_pylist())
+    assert latest_histories(out).drop_columns(["watermark"]).equals(before)
+    empty = flush_shards(out, {0: [_buffered(0, 0, 0, "x")]}, num_shards=num_shards, max_history=10)
+    assert empty.acks == [] and empty.histories.num_rows == 0
 
 
 def test_flusher_coalesces_requests_while_busy_and_hands_back_acks() -> None:

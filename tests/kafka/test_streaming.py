@@ -18,18 +18,9 @@ import pytest
 
 from pipelines.kafka.config import KafkaConnection
 from pipelines.kafka.stream_state import latest_histories
-from pipelines.options import default_prism
 from tests.kafka.conftest import BOOTSTRAP, MakeTopic, produce
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def prism() -> str:
-    found = default_prism()
-    if not found:
-        pytest.fail("no Prism binary: run `make prism`")
-    return found
 
 
 def _generate(tmp_path: Path, users: int, seed: int) -> list[bytes]:
