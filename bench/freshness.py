@@ -1,15 +1,24 @@
-"""Freshness of streaming histories: an event produced to Kafka → its user's history visible on disk.
+"""Freshness of streaming histories and representations: an event produced to Kafka → its user's
+history visible on disk, and → its user's representation in the online store (a real Redis).
 
-Starts ``python -m pipelines stream`` (Beam on Prism, flush interval FLUSH_S),
-produces events at a steady RATE (kafka-python sink, acks=all) and watches the
-flush files: an event is visible when the first flush file holding it is
-written (its mtime). p50/p99 of (visible - sent) over all events; the bound is
-p99 <= 2 s, so ratio = 2 / p99 (target 1). The representation-in-store leg is
-not wired (precompute does not consume streaming histories yet).
+Starts ``python -m pipelines stream`` (Beam on Prism, flush interval FLUSH_S) with
+``--model`` (an untrained model of the default GemConfig, seeded: inference costs
+the same whatever the weights) and ``--store`` (Redis, a fresh namespace), produces
+events at a steady RATE (kafka-python sink, acks=all) and watches both ends:
+
+- history: an event is visible when the first flush file holding it is written
+  (its mtime);
+- store: a thread reads every user's user-level row every POLL_S; an event is
+  visible at the first read where its user's row has ``history_watermark`` (the
+  newest event the representation has seen) at or after the event's time.
+
+p50/p99 of (visible - sent) over all events for each; the bound is p99 <= 2 s, so
+ratio = 2 / p99 (target 1): ``freshness-store`` first, the history leg last.
 """
 
 from __future__ import annotations
 
+import bisect
 import os
 import signal
 import subprocess
@@ -32,6 +41,7 @@ from bench.common import QUICK, WORK, result  # noqa: E402
 
 BOUND_S = 2.0
 FLUSH_S = 0.25
+POLL_S = 0.05
 RATE = 500 if QUICK else 2_000
 SECONDS = 20 if QUICK else 60
 USERS = 2_000
@@ -50,7 +60,8 @@ class Watcher(threading.Thread):
 
     def __init__(self, root: Path) -> None:
         super().__init__(daemon=True)
-        self.root, self.visible, self.stop = root, {}, threading.Event()
+        self.root, self.stop = root, threading.Event()
+        self.visible: dict[str, float] = {}
         self._seen_files: set[Path] = set()
 
     def run(self) -> None:
@@ -69,11 +80,60 @@ class Watcher(threading.Thread):
                 self.visible.setdefault(event_id, at)
 
 
+class StoreWatcher(threading.Thread):
+    """Reads every user's user-level row every POLL_S; keeps, per user, each newer watermark and when."""
+
+    def __init__(self, uri: str) -> None:
+        from pipelines.store import open_store
+
+        super().__init__(daemon=True)
+        self.store, self.stop = open_store(uri), threading.Event()
+        self.changes: dict[int, tuple[list[int], list[float]]] = {}  # user -> (watermarks, seen at)
+
+    def run(self) -> None:
+        users, no_ad = np.arange(USERS, dtype=np.int64), np.zeros(USERS, bool)
+        seen = np.full(USERS, -1, np.int64)
+        while not self.stop.is_set():
+            got = self.store.read_arrays(users, np.zeros(USERS, np.int64), no_ad)
+            at = time.time()
+            marks = np.where(got.found, got.history_watermark_ms, -1)
+            for user in np.flatnonzero(marks > seen).tolist():
+                watermarks, times = self.changes.setdefault(user, ([], []))
+                watermarks.append(int(marks[user]))
+                times.append(at)
+            seen = np.maximum(seen, marks)
+            time.sleep(POLL_S)
+
+    def visible(self, user: int, event_ms: int) -> float | None:
+        """When a representation of ``user`` that had seen ``event_ms`` was first read (None: never)."""
+        watermarks, times = self.changes.get(user, ([], []))
+        k = bisect.bisect_left(watermarks, event_ms)
+        return times[k] if k < len(watermarks) else None
+
+
+def _untrained_model(root: Path) -> Path:
+    import torch
+
+    from pipelines.model import GemConfig, GemModel, save_checkpoint
+
+    torch.manual_seed(0)
+    save_checkpoint(GemModel(GemConfig()), root / "model")
+    return root / "model"
+
+
+def _percentiles(name: str, lat: np.ndarray, missing: int) -> float:
+    p50, p99 = (float(np.percentile(lat, q)) for q in (50, 99))
+    print(f"produce -> {name}: p50 {p50 * 1000:.0f} ms  p99 {p99 * 1000:.0f} ms  max {lat.max() * 1000:.0f} ms  "
+          f"({missing} not visible)")
+    return p99
+
+
 def main() -> None:
     from pipelines.kafka.config import DEFAULT_BOOTSTRAP, KafkaConnection
     from pipelines.kafka.produce import KafkaSink, ensure_topic
     from pipelines.kafka.produce_cli import Pacer
     from pipelines.options import default_prism
+    from pipelines.store.redis_store import default_redis_url
 
     if not default_prism():
         sys.exit("no Prism binary: run make prism")
@@ -83,14 +143,17 @@ def main() -> None:
     out = WORK / "freshness" / topic
     out.mkdir(parents=True, exist_ok=True)
     ensure_topic(connection, topic, 4)
+    store_uri = f"{default_redis_url()}?namespace=bench-fresh:{topic}:"
     job = subprocess.Popen([sys.executable, "-m", "pipelines", "stream", "--topic", topic, "--group", group,
                             "--output", str(out), "--num-shards", "4", "--flush-interval", str(FLUSH_S),
-                            "--bootstrap-servers", bootstrap], stdout=subprocess.DEVNULL,
+                            "--bootstrap-servers", bootstrap, "--model", str(_untrained_model(out)),
+                            "--store", store_uri, "--device", "cpu"], stdout=subprocess.DEVNULL,
                            stderr=open(WORK / "freshness" / f"{topic}.log", "wb"), start_new_session=True)
-    watcher = Watcher(out)
+    watcher, stored = Watcher(out), StoreWatcher(store_uri)
     sink = KafkaSink(connection, topic, linger_ms=2)
     rng = np.random.default_rng(5)
     sent: dict[str, float] = {}
+    sent_by: dict[str, tuple[int, int]] = {}  # event id -> (user, event time ms)
     try:
         sink.send(_event(-1, int(time.time() * 1000), rng)[1], b"0")  # warm-up: wait for the first flush
         sink.flush()
@@ -101,13 +164,14 @@ def main() -> None:
             time.sleep(0.1)
         watcher.scan()
         watcher.start()
+        stored.start()
         total = RATE * SECONDS
         pacer = Pacer(RATE)
         for i in range(total):
             now = time.time()
             key, value = _event(i, int(now * 1000), rng)
             sink.send(value, key)
-            sent[f"f{i}"] = now
+            sent[f"f{i}"], sent_by[f"f{i}"] = now, (int(key), int(now * 1000))
             if i % 50 == 49:
                 sink.flush()  # keep the producer from batching for long: each send goes out now
                 pacer.wait(i + 1)
@@ -115,8 +179,12 @@ def main() -> None:
         deadline = time.time() + 60
         while len(set(sent) & set(watcher.visible)) < len(sent) and time.time() < deadline:
             time.sleep(0.2)
+        while stored.visible(*sent_by[f"f{len(sent) - 1}"]) is None and time.time() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)  # the last flushes' refreshes
     finally:
         watcher.stop.set()
+        stored.stop.set()
         sink.close()
         os.killpg(job.pid, signal.SIGTERM)
         try:
@@ -125,18 +193,27 @@ def main() -> None:
             os.killpg(job.pid, signal.SIGKILL)
             job.wait()
     watcher.scan()
+    stored.join(timeout=5)
+    stored.store.clear()
+    stored.store.close()
     lat = np.asarray([watcher.visible[e] - t for e, t in sent.items() if e in watcher.visible])
     missing = len(sent) - len(lat)
     if missing:
         gone = sorted(int(e[1:]) for e in sent if e not in watcher.visible)
         print(f"not visible: {missing} events, indices {gone[:3]} .. {gone[-3:]}")
-    p50, p99 = (float(np.percentile(lat, q)) for q in (50, 99))
-    print(f"events: {len(sent)} at {RATE}/s for {SECONDS} s over {USERS} users; flush interval {FLUSH_S} s")
-    print(f"produce -> history visible: p50 {p50 * 1000:.0f} ms  p99 {p99 * 1000:.0f} ms  max "
-          f"{lat.max() * 1000:.0f} ms  ({missing} not visible)")
+    in_store = {e: stored.visible(*sent_by[e]) for e in sent}
+    store_lat = np.asarray([at - sent[e] for e, at in in_store.items() if at is not None])
+    store_missing = len(sent) - len(store_lat)
+    print(f"events: {len(sent)} at {RATE}/s for {SECONDS} s over {USERS} users; flush interval {FLUSH_S} s, "
+          f"store read every {POLL_S} s")
+    p99 = _percentiles("history visible", lat, missing)
+    store_p99 = _percentiles("representation in the store", store_lat, store_missing)
+    result("freshness-store", BOUND_S / store_p99 if not store_missing else 0.0, 1,
+           f"p99 {store_p99:.2f} s (bound {BOUND_S} s), p50 {float(np.percentile(store_lat, 50)):.2f} s: produce -> "
+           f"user representation in Redis that has seen the event; {store_missing} events missing")
     result("freshness", BOUND_S / p99 if not missing else 0.0, 1,
-           f"p99 {p99:.2f} s (bound {BOUND_S} s), p50 {p50:.2f} s at {RATE} events/s, Prism, "
-           f"flush {FLUSH_S} s; {missing} events missing")
+           f"p99 {p99:.2f} s (bound {BOUND_S} s), p50 {float(np.percentile(lat, 50)):.2f} s at {RATE} events/s, "
+           f"Prism, flush {FLUSH_S} s; {missing} events missing")
 
 
 if __name__ == "__main__":
