@@ -54,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a candidate set is recent if requested at most this long before the user's last "
                              "event (default: %(default)s)")
     parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
+    parser.add_argument("--torch-threads", type=int, default=1,
+                        help="CPU threads of the refresh's inference: the reader, the flusher and the runner "
+                             "share the worker's cores (default: %(default)s)")
     parser.add_argument("--prism-location", default=None, help="Prism binary (default: .cache/bin/prism)")
     add_connection_arguments(parser)
 
@@ -76,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
                           max_history=args.max_history, flush_interval_s=args.flush_interval,
                           idle_exit_s=args.idle_exit, histories_topic=args.to_topic,
                           dead_letter_topic=args.dead_letter_topic, model=args.model, store=args.store,
-                          candidates=tuple(args.candidates), candidate_ttl_s=args.candidate_ttl, device=args.device)
+                          candidates=tuple(args.candidates), candidate_ttl_s=args.candidate_ttl, device=args.device,
+                          torch_threads=args.torch_threads)
     if config.store:
         from pipelines.store import open_store
 

@@ -4,11 +4,11 @@
 writes each shard's changed rows as one flush file (atomically), publishes them
 when asked, and returns the flushed offsets per partition, which may be
 acknowledged only now, with the touched users' histories (for the representation
-refresh, :mod:`pipelines.kafka.stream_refresh`). :class:`Flusher` runs these flushes on one thread of the
-worker, so a bundle never waits for a merge or a write (on Prism the next
-bundle of the stage waited for it: ~0.2 s p50 and ~1 s p99 between the reader
-and ``AppendHistories`` in a lab freshness run); later bundles pick up the
-acknowledgements with :meth:`Flusher.finished`.
+refresh, :mod:`pipelines.kafka.stream_refresh`). A :class:`Coalescer` runs these
+flushes on one thread of the worker, so a bundle never waits for a merge or a
+write (on Prism the next bundle of the stage waited for it: ~0.2 s p50 and ~1 s
+p99 between the reader and ``AppendHistories`` in a lab freshness run); later
+bundles pick up the acknowledgements with :meth:`Coalescer.finished`.
 
 Nothing changes for delivery: offsets are acknowledged only after their flush
 is durable, so a worker that dies with flushes queued or acknowledgements not
@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import numpy as np
 import pyarrow as pa
@@ -41,13 +41,14 @@ from pipelines.kafka.stream_state import (
 )
 from schemas.layouts import HISTORY
 
-__all__ = ["Acks", "Flusher", "ShardFlush", "flush_shards", "shared_flusher"]
+__all__ = ["Acks", "Coalescer", "ShardFlush", "flush_shards", "shared_worker"]
 
 log = logging.getLogger(__name__)
 
 #: (partition, offsets) pairs made durable by a flush.
 Acks = list[tuple[int, np.ndarray]]
 T = TypeVar("T")
+W = TypeVar("W")
 
 
 @dataclass(frozen=True)
@@ -96,34 +97,34 @@ def flush_shards(output: str, buffered: Mapping[int, list[pa.Table]], *, num_sha
     return ShardFlush([(int(p), offsets[partitions == p]) for p in np.unique(partitions)], merged.changed)
 
 
-class Flusher(Generic[T]):
-    """Runs ``flush(shards)`` calls (each returns a list of results, e.g. acknowledgements) one
-    after another on a background thread.
+class Coalescer(Generic[T]):
+    """Runs ``work(keys)`` calls one after another on a background thread; each returns a list
+    of results (acknowledgements). Flushes use it with shards as keys, the representation
+    refresh with flush numbers.
 
-    ``request(shard)`` asks for a flush of ``shard``; a shard already waiting in
-    the queue is not queued twice, and each flush takes every shard waiting when
-    it starts (``flush`` takes whatever they hold by then), so a backlog makes
-    flushes bigger, not more numerous. ``finished`` returns the
-    acknowledgements of the flushes done since its last call; ``wait`` first
-    waits for every requested flush. A flush that failed is raised (once) by the
-    next call, so that bundle fails; the events it held are never acknowledged
-    and are read again.
+    ``request(key)`` asks for work on ``key``; a key already waiting is not queued
+    twice, and each call takes every key waiting when it starts (``work`` takes
+    whatever they hold by then), so a backlog makes calls bigger, not more
+    numerous. ``finished`` returns the results of the calls done since its last
+    call; ``wait`` first waits for every requested key. A call that failed is
+    raised (once) by the next ``finished``/``wait``/``request``, so that bundle
+    fails; the events it held are never acknowledged and are read again.
     """
 
-    def __init__(self, flush: Callable[[list[int]], list[T]]) -> None:
-        self._flush = flush
+    def __init__(self, work: Callable[[list[int]], list[T]], name: str) -> None:
+        self._work, self._name = work, name
         self._lock = threading.Lock()
         self._queued: set[int] = set()
         self._wake = threading.Condition(self._lock)
         self._busy = False
         self._done: queue.Queue[T] = queue.Queue()
         self._errors: queue.Queue[Exception] = queue.Queue()
-        threading.Thread(target=self._run, name="stream-flusher", daemon=True).start()
+        threading.Thread(target=self._run, name=f"stream-{name}", daemon=True).start()
 
-    def request(self, shard: int) -> None:
+    def request(self, key: int) -> None:
         self._raise()
         with self._lock:
-            self._queued.add(shard)
+            self._queued.add(key)
             self._wake.notify_all()
 
     def finished(self) -> list[T]:
@@ -146,12 +147,12 @@ class Flusher(Generic[T]):
         while True:
             with self._lock:
                 self._wake.wait_for(lambda: bool(self._queued))
-                shards, self._queued, self._busy = sorted(self._queued), set(), True
+                keys, self._queued, self._busy = sorted(self._queued), set(), True
             try:
-                for item in self._flush(shards):
+                for item in self._work(keys):
                     self._done.put(item)
             except Exception as exc:  # handed to the next bundle, which fails with it
-                log.exception("flush of shards %s failed", shards)
+                log.exception("%s of %s failed", self._name, keys)
                 self._errors.put(exc)
             finally:
                 with self._lock:
@@ -159,13 +160,13 @@ class Flusher(Generic[T]):
                     self._wake.notify_all()
 
 
-_FLUSHERS: dict[str, Flusher[Any]] = {}
-_FLUSHERS_GUARD = threading.Lock()
+_WORKERS: dict[str, Any] = {}
+_WORKERS_GUARD = threading.Lock()
 
 
-def shared_flusher(key: str, make: Callable[[], Flusher[T]]) -> Flusher[T]:
-    """The worker's one flusher for ``key`` (a job's output folder), made on first use."""
-    with _FLUSHERS_GUARD:
-        if key not in _FLUSHERS:
-            _FLUSHERS[key] = make()
-        return _FLUSHERS[key]
+def shared_worker(key: str, make: Callable[[], W]) -> W:
+    """The worker process's one ``make()`` for ``key`` (a job's output folder), made on first use."""
+    with _WORKERS_GUARD:
+        if key not in _WORKERS:
+            _WORKERS[key] = make()
+        return cast(W, _WORKERS[key])

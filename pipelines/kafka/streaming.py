@@ -16,12 +16,11 @@ The job, on a streaming runner (Beam's Prism, built by ``make prism``):
    acknowledgements of the flushed offsets. The shard's flush files are its
    state; the worker keeps it in memory between flushes
    (:data:`pipelines.kafka.stream_state.SHARD_STATES`) and checks it against the
-   files under the shard lock;
-3. with a model and a store, ``RefreshRepresentations``
-   (:mod:`pipelines.kafka.stream_refresh`) writes each flush's touched users'
-   representations to the online store before passing its acknowledgements on;
-4. dead letters are written (Parquet, optional topic) and acknowledged likewise;
-5. ``CommitOffsets``, keyed by partition, commits to the group the first offset
+   files under the shard lock. With a model and a store, each flush's touched users' representations are
+   written to the online store (:mod:`pipelines.kafka.stream_refresh`, on a
+   worker thread too) before its acknowledgements are emitted;
+3. dead letters are written (Parquet, optional topic) and acknowledged likewise;
+4. ``CommitOffsets``, keyed by partition, commits to the group the first offset
    not yet durable (:class:`pipelines.kafka.stream_state.OffsetLedger`).
 
 So a commit never gets ahead of what is durable. After a crash (even SIGKILL)
@@ -55,7 +54,6 @@ from pipelines.kafka.config import KafkaConnection
 from pipelines.kafka.consume import PartitionPoller
 from pipelines.kafka.decode import decode_indexed
 from pipelines.kafka.stream_acks import CommitOffsetsFn, WriteDeadLettersFn, open_sink
-from pipelines.kafka.stream_refresh import RefreshRepresentationsFn
 from pipelines.kafka.stream_state import OFFSET, PARTITION
 from schemas.layouts import EVENT
 
@@ -87,6 +85,7 @@ class StreamConfig:
     candidates: tuple[str, ...] = ()
     candidate_ttl_s: float = 86_400.0
     device: str = "auto"
+    torch_threads: int = 1
 
     def __post_init__(self) -> None:
         if not self.topic or not self.group:
@@ -107,6 +106,8 @@ class StreamConfig:
                               "pass --model and --store too, or drop --candidates")
         if self.candidate_ttl_s <= 0:
             raise ConfigError("--candidate-ttl", f"got {self.candidate_ttl_s}", "pass a positive number of seconds")
+        if self.torch_threads < 1:
+            raise ConfigError("--torch-threads", f"got {self.torch_threads}", "pass 1 or more")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError("--device", f"got {self.device!r}", "pass auto, cpu or cuda")
 
@@ -268,8 +269,8 @@ class _AppendHistoriesFn(beam.DoFn):
     and once more when the input ends (an event-time timer at the end of the
     global window, which waits for it). It runs on the worker's flush thread;
     every call emits the acknowledgements of the flushes finished so far (with
-    ``config.refresh``: one (touched histories, acknowledgements) pair per flush,
-    for ``RefreshRepresentations``).
+    ``config.refresh``: of the flushes whose representations the worker's
+    :class:`pipelines.kafka.stream_refresh.RefreshQueue` has written).
     Processing-time timers are not used: on Prism they fire late while a stage
     keeps receiving bundles. The buffer is not bag state either: Prism ran
     overlapping bundles of one key that lost appends (see ``PendingEvents``).
@@ -279,27 +280,30 @@ class _AppendHistoriesFn(beam.DoFn):
         self._connection, self._config = connection, config
 
     def setup(self) -> None:
-        from pipelines.kafka.stream_flush import Flusher, flush_shards, shared_flusher
+        from pipelines.kafka.stream_flush import Coalescer, flush_shards, shared_worker
+        from pipelines.kafka.stream_refresh import RefreshQueue, open_refresh
         from pipelines.kafka.stream_state import PENDING
 
         config = self._config
         output = config.output
 
-        def make() -> Flusher[Any]:
+        def make() -> tuple[Coalescer[tuple[int, np.ndarray]], RefreshQueue | None]:
             sink = open_sink(self._connection, config.histories_topic)
+            refresh = RefreshQueue(open_refresh(config)) if config.refresh else None
 
-            def flush(shards: list[int]) -> list[Any]:
+            def flush(shards: list[int]) -> list[tuple[int, np.ndarray]]:
                 done = flush_shards(output, {s: PENDING.take((output, s)) for s in shards},
                                     num_shards=config.num_shards, max_history=config.max_history, sink=sink)
-                if not config.refresh:
+                if refresh is None:
                     return done.acks
-                return [(done.histories, done.acks)] if done.acks else []
+                refresh.submit(done)  # acknowledged once its representations are written
+                return []
 
-            return Flusher(flush)
+            return Coalescer(flush, "flush"), refresh
 
-        self._flusher = shared_flusher(output, make)
+        self._flusher, self._refresh = shared_worker(output, make)
 
-    def process(self, element: tuple[int, pa.Table], end: Any = END_OF_INPUT) -> Iterator[Any]:
+    def process(self, element: tuple[int, pa.Table], end: Any = END_OF_INPUT) -> Iterator[tuple[int, np.ndarray]]:
         from pipelines.kafka.stream_state import PENDING
 
         shard, table = element
@@ -309,11 +313,15 @@ class _AppendHistoriesFn(beam.DoFn):
         if PENDING.due(key, now, self._config.flush_interval_s):
             self._flusher.request(shard)
         yield from self._flusher.finished()
+        if self._refresh is not None:
+            yield from self._refresh.finished()
 
     @on_timer(_END_OF_INPUT)
-    def on_end(self, shard: Any = KEY) -> Iterator[Any]:
+    def on_end(self, shard: Any = KEY) -> Iterator[tuple[int, np.ndarray]]:
         self._flusher.request(shard)
         yield from self._flusher.wait()
+        if self._refresh is not None:
+            yield from self._refresh.wait()
 
 
 def build_stream(p: beam.Pipeline, connection: KafkaConnection, config: StreamConfig,
@@ -326,8 +334,6 @@ def build_stream(p: beam.Pipeline, connection: KafkaConnection, config: StreamCo
         .with_output_types(tuple[int, pa.Table]).with_outputs(ACKS, DEAD, main="events")
     )
     flushed = read["events"] | "AppendHistories" >> beam.ParDo(_AppendHistoriesFn(connection, config))
-    if config.refresh:
-        flushed = flushed | "RefreshRepresentations" >> beam.ParDo(RefreshRepresentationsFn(config))
     written = read[DEAD] | "WriteDeadLetters" >> beam.ParDo(WriteDeadLettersFn(connection, config))
     _ = (
         (flushed, written, read[ACKS])

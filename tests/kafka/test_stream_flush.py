@@ -1,4 +1,4 @@
-"""The streaming job's flushes: flush_shard's files and acknowledgements, the background Flusher."""
+"""The streaming job's flushes: flush_shard's files and acknowledgements, the background Coalescer."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipelines.kafka.stream_flush import Flusher, flush_shards
+from pipelines.kafka.stream_flush import Coalescer, ShardFlush, flush_shards
+from pipelines.kafka.stream_refresh import RefreshQueue, newest_per_user
 from pipelines.kafka.stream_state import OFFSET, PARTITION, ShardStates, latest_histories
 from tests.features.factories import event, events_table
 
@@ -52,7 +53,7 @@ def test_flusher_coalesces_requests_while_busy_and_hands_back_acks() -> None:
         release.wait(5)
         return [(s, np.asarray([len(calls)])) for s in shards]
 
-    flusher = Flusher(flush)
+    flusher = Coalescer(flush, "flush")
     flusher.request(0)
     while not calls:  # the first flush (shard 0) is running
         threading.Event().wait(0.01)
@@ -71,9 +72,53 @@ def test_a_failed_flush_fails_the_next_call_once() -> None:
             raise OSError("disk full")
         return [(s, np.asarray([5])) for s in shards]
 
-    flusher = Flusher(flush)
+    flusher = Coalescer(flush, "flush")
     flusher.request(1)
     with pytest.raises(OSError, match="disk full"):
         flusher.wait()
     flusher.request(0)
     assert [s for s, _ in flusher.wait()] == [0]
+
+
+def _flushed(users: list[int], tag: str, partition: int, offset: int) -> ShardFlush:
+    histories = pa.table({"user_id": pa.array(users, pa.int64()), "tag": [tag] * len(users)})
+    return ShardFlush([(partition, np.asarray([offset]))], histories)
+
+
+def test_newest_per_user_keeps_each_users_row_from_the_latest_flush() -> None:
+    first, second = _flushed([3, 1], "old", 0, 0).histories, _flushed([1, 2], "new", 0, 1).histories
+    kept = newest_per_user([first, second])
+    assert list(zip(kept.column("user_id").to_pylist(), kept.column("tag").to_pylist(), strict=True)) == [
+        (1, "new"), (2, "new"), (3, "old")]
+
+
+def test_refresh_queue_hands_acks_back_only_after_the_refresh_and_takes_a_backlog_at_once() -> None:
+    release, refreshed = threading.Event(), []
+
+    def refresh(histories: pa.Table) -> None:
+        refreshed.append(sorted(histories.column("user_id").to_pylist()))
+        release.wait(5)
+
+    queue = RefreshQueue(refresh)
+    queue.submit(_flushed([1], "a", 0, 10))
+    while not refreshed:  # the first refresh is running: nothing acknowledged yet
+        threading.Event().wait(0.01)
+    assert queue.finished() == []
+    queue.submit(_flushed([2, 1], "b", 1, 20))
+    queue.submit(_flushed([3], "c", 0, 11))
+    queue.submit(ShardFlush([], pa.table({"user_id": pa.array([], pa.int64())})))  # nothing to acknowledge
+    release.set()
+    acks = queue.wait()
+    assert refreshed == [[1], [1, 2, 3]]  # the two waiting flushes in one refresh, each user once
+    assert sorted((p, o.tolist()) for p, o in acks) == [(0, [10]), (0, [11]), (1, [20])]
+
+
+def test_a_failed_refresh_fails_the_next_call_and_never_acknowledges() -> None:
+    def refresh(histories: pa.Table) -> None:
+        raise ConnectionError("store down")
+
+    queue = RefreshQueue(refresh)
+    queue.submit(_flushed([1], "a", 0, 10))
+    with pytest.raises(ConnectionError, match="store down"):
+        queue.wait()
+    assert queue.finished() == []
