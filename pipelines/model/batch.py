@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from pipelines.model.jagged import gather_index
 from schemas.enums import EVENT_TYPES
 
 __all__ = [
@@ -36,7 +37,7 @@ _TIME_BITS = 41  # ~70 years of milliseconds; leaves 22 bits (4M history rows) f
 #: events included), log1p of the prefix length, log1p seconds since the last event.
 COUNT_FEATURES: tuple[str, ...] = (*(f"log_{t}s" for t in EVENT_TYPES), "log_events", "log_seconds_since_last")
 NUM_COUNT_FEATURES = len(COUNT_FEATURES)
-_SEQ_FIELDS = ("item_id", "advertiser_id", "category", "is_ad", "surface", "event_type", "age_s", "value")
+SEQUENCE_FIELDS = ("item_id", "advertiser_id", "category", "is_ad", "surface", "event_type", "age_s", "value")
 
 
 @dataclass
@@ -99,17 +100,13 @@ class GemBatch:
     def select(self, rows: np.ndarray | torch.Tensor) -> GemBatch:
         """The sub-batch of ``rows`` (an index array), histories included."""
         rows_t = torch.as_tensor(np.asarray(rows), dtype=torch.int64, device=self.offsets.device)
-        starts, lengths = self.offsets[:-1][rows_t], self.lengths[rows_t]
-        offsets = torch.zeros(rows_t.numel() + 1, dtype=torch.int64, device=self.offsets.device)
-        torch.cumsum(lengths, 0, out=offsets[1:])
-        token_index = (torch.repeat_interleave(starts - offsets[:-1], lengths)
-                       + torch.arange(int(offsets[-1].item()), device=offsets.device))
+        token_index, offsets = gather_index(self.offsets, rows_t)
         out: dict[str, Any] = {"offsets": offsets}
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "offsets" or value is None:
                 continue
-            out[f.name] = value[token_index] if f.name in _SEQ_FIELDS else value[rows_t]
+            out[f.name] = value[token_index] if f.name in SEQUENCE_FIELDS else value[rows_t]
         return GemBatch(**out)
 
 

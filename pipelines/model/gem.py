@@ -28,11 +28,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipelines.model.attention import BlockAttention, PooledSummary, TargetAttention
-from pipelines.model.batch import NUM_COUNT_FEATURES, GemBatch
+from pipelines.model.batch import NUM_COUNT_FEATURES, SEQUENCE_FIELDS, GemBatch
 from pipelines.model.config import GemConfig
 from pipelines.model.embed import CATEGORY_SALT, NUM_CONTEXT_TOKENS, NUM_TARGET_TOKENS, TokenEmbedder, hash_ids
 from pipelines.model.interaction import MixtureOfExperts
-from pipelines.model.jagged import BlockLayout, to_padded_dense
+from pipelines.model.jagged import BlockLayout, gather_index, to_padded_dense
 from pipelines.model.match import NUM_MATCH_FEATURES, match_features
 
 #: Blocks per block-attention chunk on CPU (4,096 tokens at S=64); GPUs run all blocks at once.
@@ -58,6 +58,29 @@ def autocast_for(device: torch.device) -> AbstractContextManager[object]:
     if device.type == "cuda":
         return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
     return nullcontext()
+
+
+def shared_histories(batch: GemBatch) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Rows that read the same history (the ads of one candidate request): ``(first row of each
+    distinct history (H,), each row's history (B,))``, or None when no two rows share one.
+
+    Candidates are rows with the same user, request time and length; they share only if every
+    history token of every field is equal too (checked: a hand-made batch may break the rule).
+    """
+    key = torch.stack([batch.user_id, batch.request_time_ms, batch.lengths], dim=1)
+    distinct, history_of = torch.unique(key, dim=0, return_inverse=True)
+    if distinct.shape[0] == batch.num_rows:
+        return None
+    rows = torch.arange(batch.num_rows, device=key.device)
+    first = torch.full((distinct.shape[0],), batch.num_rows, device=key.device).scatter_reduce(
+        0, history_of, rows, "amin")
+    same_as, _ = gather_index(batch.offsets, first[history_of])  # each token's twin in its first row
+    for name in SEQUENCE_FIELDS:
+        values = getattr(batch, name)
+        twin = values[same_as]
+        if not bool(((values == twin) | (values != values) & (twin != twin)).all()):  # NaN equals NaN
+            return None
+    return first, history_of
 
 
 @dataclass
@@ -140,10 +163,14 @@ class GemModel(nn.Module):
     def _sequence_layers(self) -> list[SequenceLayer]:
         return [cast(SequenceLayer, layer) for layer in self.layers]
 
-    def encode_sequence(self, tokens: torch.Tensor, offsets: torch.Tensor, target: torch.Tensor
-                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Jagged path: ``tokens: (L, D)``, ``offsets: (B+1,)``, ``target: (B, 4, D)`` ->
-        ``summary: (B, K, D)`` and the target-aware token ``(B, 1, D)`` (None when off)."""
+    def encode_sequence(self, tokens: torch.Tensor, offsets: torch.Tensor, target: torch.Tensor,
+                        history_of: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Jagged path: ``tokens: (L, D)``, ``offsets: (H+1,)``, ``target: (B, 4, D)`` ->
+        ``summary: (B, K, D)`` and the target-aware token ``(B, 1, D)`` (None when off).
+
+        ``history_of: (B,)`` the history each row reads, when rows share histories (H < B: a
+        candidate request's ads); None when row ``b`` reads history ``b``. The history is
+        encoded once; only the target attention runs per row."""
         layout = BlockLayout.build(offsets, self.config.block_size)
         # CPU: block attention in cache-sized chunks; GPU: all blocks in one launch
         max_blocks = self.cpu_chunk_blocks if tokens.device.type == "cpu" else None
@@ -154,8 +181,13 @@ class GemModel(nn.Module):
             if layer.summarize is not None:
                 summary = layer.summarize(tokens, layout)
         assert summary is not None  # the last layer is always global
+        if history_of is not None:
+            summary = summary[history_of]
         targeted = None
         if self.target_attention is not None and self.target_query is not None:
+            if history_of is not None:
+                index, offsets = gather_index(offsets, history_of)
+                tokens = tokens[index]
             targeted = self.target_attention(tokens, offsets, self.target_query(target.flatten(1)))
         return summary, targeted
 
@@ -178,9 +210,14 @@ class GemModel(nn.Module):
     # ---- full model -------------------------------------------------------------------
     def forward(self, batch: GemBatch, *, reference: bool = False) -> GemOutput:
         c = self.config
-        encode = self.encode_sequence_reference if reference else self.encode_sequence
         target = self.embed.target(batch)  # (B, 4, D)
-        summary, targeted = encode(self.embed.sequence(batch), batch.offsets, target)  # (B, K, D)
+        if reference:
+            summary, targeted = self.encode_sequence_reference(self.embed.sequence(batch), batch.offsets, target)
+        else:
+            shared = shared_histories(batch)
+            history = batch if shared is None else batch.select(shared[0])
+            summary, targeted = self.encode_sequence(self.embed.sequence(history), history.offsets, target,
+                                                     None if shared is None else shared[1])  # (B, K, D)
         context = self.embed.context(batch)  # (B, 5, D)
         # the user rep reads the history's summary alone (no request, activity counts or hashed
         # user id), so a user-level row gets the representation training shaped and neighbours

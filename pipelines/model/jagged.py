@@ -25,6 +25,16 @@ def segment_ids(offsets: torch.Tensor) -> torch.Tensor:
     return torch.repeat_interleave(torch.arange(lengths.numel(), device=offsets.device), lengths)
 
 
+def gather_index(offsets: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sequences ``rows: (R,)`` (any order, repeats allowed) of a jagged batch as a new one:
+    ``index: (L',)`` of their values in ``values`` and their ``offsets: (R+1,)``."""
+    lengths = (offsets[1:] - offsets[:-1])[rows]
+    new_offsets = lengths_to_offsets(lengths)
+    total = int(new_offsets[-1].item())
+    index = torch.repeat_interleave(offsets[:-1][rows] - new_offsets[:-1], lengths)
+    return index + torch.arange(total, device=offsets.device), new_offsets
+
+
 def to_padded_dense(values: torch.Tensor, offsets: torch.Tensor, max_len: int | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """``values: (L, *F)`` -> ``padded: (B, T, *F)`` and ``mask: (B, T)`` (True = real value).

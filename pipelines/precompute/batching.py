@@ -9,8 +9,6 @@ import torch
 
 from pipelines.model.batch import GemBatch
 
-SEQUENCE_FIELDS = ("item_id", "advertiser_id", "category", "is_ad", "surface", "event_type", "age_s", "value")
-
 
 def batch_tokens(batch: GemBatch) -> int:
     """What one element costs the model: its history tokens, at least one per row."""
