@@ -89,6 +89,10 @@ def run(args: argparse.Namespace) -> int:
         from pipelines.precompute.pipeline import load_model_flag
 
         load_model_flag(config.model)  # a missing or mismatched checkpoint fails before any work
+    if config.candidates:
+        from pipelines.kafka.stream_refresh import load_recent_candidates
+
+        load_recent_candidates(config.candidates, config.candidate_ttl_s)  # so do missing or foreign files
     connection = connection_from_args(args)
     starts = start_offsets(connection, args.topic, args.group, Position.parse(args.start, "--from"))
     logging.getLogger(__name__).info("stream: %s from %s", args.topic,

@@ -122,3 +122,20 @@ def test_a_failed_refresh_fails_the_next_call_and_never_acknowledges() -> None:
     with pytest.raises(ConnectionError, match="store down"):
         queue.wait()
     assert queue.finished() == []
+
+
+@pytest.mark.parametrize(("changes", "flag"), [
+    ({"model": "m"}, "--store"),
+    ({"store": "lmdb:///tmp/s"}, "--model"),
+    ({"candidates": ("c.parquet",)}, "--candidates"),
+    ({"model": "m", "store": "lmdb:///tmp/s", "candidate_ttl_s": 0}, "--candidate-ttl"),
+    ({"model": "m", "store": "lmdb:///tmp/s", "torch_threads": 0}, "--torch-threads"),
+    ({"model": "m", "store": "lmdb:///tmp/s", "device": "tpu"}, "--device"),
+])
+def test_a_bad_refresh_setting_names_its_flag(changes: dict, flag: str) -> None:
+    from pipelines.errors import ConfigError
+    from pipelines.kafka.streaming import StreamConfig
+
+    with pytest.raises(ConfigError, match=flag):
+        StreamConfig(topic="t", output="o", group="g", **changes)
+    assert StreamConfig(topic="t", output="o", group="g", model="m", store="lmdb:///tmp/s").refresh
