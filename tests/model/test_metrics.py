@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines.model.metrics import auc, normalized_entropy, paired_auc_interval, task_metrics
+from pipelines.model.metrics import auc, normalized_entropy, paired_auc_interval, seeded_auc_gain, task_metrics
 
 
 @settings(max_examples=50, derandomize=True, deadline=None)
@@ -58,3 +58,27 @@ def test_paired_interval_brackets_a_clear_gain() -> None:
     low, high = paired_auc_interval(labels, good, noise)
     gain = auc(labels, good) - auc(labels, noise)
     assert 0.2 < low <= gain <= high
+
+
+def test_seeded_gain_averages_seeds_and_widens_its_interval_by_their_spread() -> None:
+    rng = np.random.default_rng(1)
+    labels = (rng.random(3000) < 0.1).astype(float)
+    weights = rng.uniform(0.5, 2.0, 3000)
+    base = [labels + rng.normal(0, 1.5, 3000) for _ in range(3)]
+    better = [labels + rng.normal(0, sd, 3000) for sd in (0.6, 0.9, 1.2)]  # seeds disagree on how much better
+    out = seeded_auc_gain(labels, better, base, weights, draws=100)
+    each = [auc(labels, a, weights) - auc(labels, b, weights) for a, b in zip(better, base, strict=True)]
+    assert out["per_seed"] == pytest.approx(each) and out["gain"] == pytest.approx(np.mean(each))
+    assert out["seeds"] == 3 and out["seed_std"] == pytest.approx(np.std(each, ddof=1))
+    half = out["high"] - out["gain"]
+    assert half == pytest.approx(out["gain"] - out["low"])
+    assert half >= 1.6449 * out["seed_std"] / np.sqrt(3) and half >= 1.6449 * out["rows_se"] > 0
+    assert 0 < out["low"]  # a clear gain stays above zero
+
+
+def test_seeded_gain_of_a_model_against_itself_is_exactly_zero() -> None:
+    rng = np.random.default_rng(2)
+    labels = (rng.random(500) < 0.3).astype(float)
+    runs = [rng.random(500) for _ in range(2)]
+    out = seeded_auc_gain(labels, runs, runs, draws=20)
+    assert out["gain"] == out["low"] == out["high"] == 0.0
