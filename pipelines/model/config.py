@@ -36,8 +36,13 @@ class GemConfig:
     history tokens (it feeds the pair representation, never the user one);
     ``target_match`` adds counts of the history events that share the target's item,
     advertiser or category (a SIM-style hard search, see ``match.py``). ``esmm``
-    predicts conversion as p(click) * p(conversion | click) (ESMM) instead of directly;
-    off by default: on the generator's worlds it cost click NE and conversion AUC.
+    predicts conversion as p(click) * p(conversion | click) (ESMM, the default) instead
+    of directly: conversions follow clicks, and a conversion head of its own learns from
+    a few hundred converting users (on the bench world one user holds 78% of the training
+    conversions), so it overfits them; through the click it shares the evidence of ~20x
+    more positives. On the bench world (4 seeds) it lifted conversion AUC from 0.961-0.974
+    to 0.970-0.979 against the baseline's 0.964; on the demo world (2 seeds) it gave
+    0.971 against 0.976-0.978 without it, both above the baseline's 0.955-0.957.
     """
 
     d_model: int = 64
@@ -52,7 +57,7 @@ class GemConfig:
     bypass_block_attention: bool = False
     target_attention: bool = True
     target_match: bool = True
-    esmm: bool = False
+    esmm: bool = True
     hash_sizes: dict[str, int] = field(default_factory=_hash_tables)
     time_buckets: int = 32
     value_buckets: int = 16

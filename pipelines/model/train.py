@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 TASKS = ("clicked", "converted")
 METRICS_NAME = "metrics.json"
+#: The holdout's labels, weights, prefix lengths and both predictions (for paired comparisons across runs).
+PREDICTIONS_NAME = "holdout_predictions.npz"
 
 
 @dataclass(frozen=True)
@@ -327,4 +329,23 @@ def _train_model(data_dir: str | Path, output_dir: str | Path, model_config: Gem
         "checkpoint": str(checkpoint),
     }
     (out / METRICS_NAME).write_text(json.dumps(_json_safe(metrics), indent=2) + "\n")
+    save_predictions(out / PREDICTIONS_NAME, data, model_probs, baseline_probs)
     return metrics
+
+
+def save_predictions(path: Path, data: _Data, model: dict[str, np.ndarray], baseline: dict[str, np.ndarray]
+                     ) -> None:
+    """The holdout rows as ``(M,)`` arrays: labels, sampling weights, user ids, history lengths
+    (whole prefix) and the model's and baseline's probabilities per task, in holdout order."""
+    f = data.holdout.fields
+    arrays = {"weights": data.holdout_weights, "user_id": f["user_id"], "history_length": f["history_length"],
+              **{t: f[t] for t in TASKS}, **{f"model_{t}": model[t] for t in TASKS},
+              **{f"baseline_{t}": baseline[t] for t in TASKS}}
+    with path.open("wb") as out:
+        np.savez_compressed(out, allow_pickle=False, **arrays)
+
+
+def load_predictions(model_dir: str | Path) -> dict[str, np.ndarray]:
+    """What :func:`save_predictions` wrote in ``model_dir``."""
+    with np.load(Path(model_dir) / PREDICTIONS_NAME) as stored:
+        return {name: stored[name] for name in stored.files}

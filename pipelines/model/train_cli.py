@@ -44,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=64, help="block attention block (default: %(default)s)")
     parser.add_argument("--no-component-skip", action="store_true",
                         help="every layer does block attention and summarisation (for comparison)")
+    parser.add_argument("--no-esmm", action="store_true",
+                        help="a conversion head of its own instead of p(click) * p(conversion | click)")
     parser.add_argument("--compare-skip", action="store_true",
                         help="also train the other component-skip setting and report the AUC it costs")
     parser.add_argument("--threads", type=int, default=1,
@@ -97,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
     resolve_device(args.device)  # a missing CUDA fails here, before any work
     torch.set_num_threads(args.threads)
     model_config = GemConfig(d_model=args.d_model, num_layers=args.layers, block_size=args.block_size,
-                             max_len=args.max_len, component_skip=not args.no_component_skip)
+                             max_len=args.max_len, component_skip=not args.no_component_skip,
+                             esmm=not args.no_esmm)
     tc = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.learning_rate,
                      max_examples=args.max_examples or None, max_holdout=args.max_holdout or None,
                      holdout_days=args.holdout_days, positive_share=args.positive_share or None,

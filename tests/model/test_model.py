@@ -10,7 +10,7 @@ import torch
 
 from pipelines.model.config import GemConfig
 from pipelines.model.embed import hash_ids
-from pipelines.model.gem import GemModel
+from pipelines.model.gem import GemModel, conversion_logit
 from tests.model.factories import random_batch, tiny_config
 
 
@@ -167,3 +167,26 @@ def test_interest_loss_teaches_the_user_representation_the_categories_a_user_see
     assert losses[-1] < 0.5 * losses[0]
     nothing = dataclasses.replace(random_batch([0] * 16, seed=1), target_category=torch.full_like(favourite, -1))
     assert model.interest_loss(model(nothing).user_embedding, nothing).item() == 0.0
+
+
+def test_esmm_conversion_logit_is_the_logit_of_the_product_with_finite_gradients() -> None:
+    click = torch.tensor([-30.0, -8.0, -1.0, 0.0, 0.5, 3.0, 12.0, 25.0], dtype=torch.float64, requires_grad=True)
+    after = torch.tensor([-20.0, 2.0, -0.3, 0.0, 9.0, -4.0, 12.0, 30.0], dtype=torch.float64, requires_grad=True)
+    got = conversion_logit(click, after)
+    p = torch.sigmoid(click.detach()) * torch.sigmoid(after.detach())
+    torch.testing.assert_close(torch.sigmoid(got.detach()), p.float(), rtol=1e-4, atol=1e-12)
+    assert bool((got.detach() <= torch.minimum(click, after).detach() + 1e-4).all())  # p <= each factor
+    got.sum().backward()
+    assert click.grad is not None and after.grad is not None
+    assert bool(torch.isfinite(click.grad).all() and torch.isfinite(after.grad).all())
+
+
+def test_esmm_model_starts_at_the_base_rates() -> None:
+    model = GemModel(tiny_config(esmm=True)).eval()
+    model.init_output_bias(0.02, 0.001)
+    with torch.no_grad():
+        for layer in (model.task_mlp[-1],):
+            layer.weight.zero_()  # the heads read only their bias
+        out = model(random_batch([3, 5]))
+    torch.testing.assert_close(torch.sigmoid(out.click_logit), torch.full((2,), 0.02))
+    torch.testing.assert_close(torch.sigmoid(out.conversion_logit), torch.full((2,), 0.001), rtol=1e-3, atol=1e-6)

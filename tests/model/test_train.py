@@ -14,9 +14,11 @@ import pytest
 from pipelines.cli import main
 from pipelines.model.batch import HistoryIndex, build_user_batch
 from pipelines.model.checkpoint import load_model
+from pipelines.model.config import GemConfig
 from pipelines.model.data import load_features, sample_by_label
+from pipelines.model.metrics import auc
 from pipelines.model.toyworld import ToyWorld, make_world, write_features_dir
-from pipelines.model.train import TrainConfig, train_model
+from pipelines.model.train import TrainConfig, load_predictions, train_model
 from tests.model.factories import tiny_config
 
 
@@ -48,17 +50,23 @@ def test_training_writes_metrics_learns_and_is_deterministic(features_dir: Path,
     assert again["model_version"] == first["model_version"]  # same seed, same weights
     assert again["model"] == first["model"]
     assert load_model(tmp_path / "a", device="cpu").model_version == first["model_version"]
+    stored = load_predictions(tmp_path / "a")  # the holdout's rows and predictions, in the metrics' order
+    assert len(stored["weights"]) == len(stored["history_length"]) == first["data"]["holdout_examples"]
+    for who, part in (("model", "model"), ("baseline", "baseline")):
+        assert auc(stored["clicked"], stored[f"{who}_clicked"], stored["weights"]) == pytest.approx(
+            first[part]["click"]["auc"])
 
 
 def test_cli_trains_end_to_end(features_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "model"
     code = main(["train", "--data", str(features_dir), "--output", str(out), "--epochs", "1",
                  "--max-examples", "400", "--max-holdout", "300", "--layers", "2", "--d-model", "32",
-                 "--device", "auto", "--seed", "1", "--no-progress"])
+                 "--device", "auto", "--seed", "1", "--no-progress", "--no-esmm"])
     assert code == 0
     assert (out / "model.pt").exists() and (out / "metrics.json").exists()
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["data"]["train_examples"] == 400 and metrics["training"]["seed"] == 1
+    assert metrics["config"]["esmm"] is False and GemConfig().esmm  # the flag turns the default off
     assert "saved" in capsys.readouterr().out
     # the inference contract the precompute stage relies on
     model = load_model(out, device="cpu")
