@@ -47,8 +47,8 @@ class TrainConfig:
     batch_size: int = 256
     learning_rate: float = 3e-3
     weight_decay: float = 1e-5
-    max_examples: int | None = 30_000
-    max_holdout: int | None = 20_000
+    max_examples: int | None = 24_000
+    max_holdout: int | None = 10_000
     holdout_days: float = 1.0
     conversion_weight: float = 1.0
     aux_weight: float = 0.01

@@ -25,9 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", type=int, default=1, help="passes over the training sample (default: %(default)s)")
     parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda (default: auto)")
     parser.add_argument("--seed", type=int, default=0, help="seed of sampling, init and order (default: 0)")
-    parser.add_argument("--max-examples", type=int, default=30_000,
+    parser.add_argument("--max-examples", type=int, default=24_000,
                         help="training examples sampled from the training days; 0 = all (default: %(default)s)")
-    parser.add_argument("--max-holdout", type=int, default=20_000,
+    parser.add_argument("--max-holdout", type=int, default=10_000,
                         help="holdout examples sampled from the last day; 0 = all (default: %(default)s)")
     parser.add_argument("--holdout-days", type=float, default=1.0, help="days held out at the end (default: 1)")
     parser.add_argument("--positive-share", type=float, default=0.25,
