@@ -21,7 +21,7 @@ from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 
 from pipelines.model.batch import GemBatch
 from pipelines.model.gem import GemModel
-from pipelines.precompute.batching import batch_tokens, concat_batches
+from pipelines.precompute.batching import approx_bytes, batch_tokens, concat_batches
 from pipelines.precompute.records import slice_representations
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ class GemModelHandler(ModelHandler[GemBatch, PredictionResult, GemModel]):
             yield PredictionResult(None, inference, model_id=model.model_version)
 
     def get_num_bytes(self, batch: Sequence[GemBatch]) -> int:
-        return sum(40 * b.num_tokens + 120 * b.num_rows for b in batch)
+        return sum(approx_bytes(b) for b in batch)
 
     def get_metrics_namespace(self) -> str:
         return "precompute"

@@ -19,7 +19,8 @@ from pipelines.features.transforms import GroupByShard, shard_path
 from pipelines.io import arrow_coder  # noqa: F401 - registers the pa.Table coder
 from pipelines.io.files import Split, read_row_group
 from pipelines.io.parquet import read_table, write_table
-from pipelines.model.batch import HistoryIndex
+from pipelines.model.batch import GemBatch, HistoryIndex
+from pipelines.precompute import coder  # noqa: F401 - registers the GemBatch coder
 from pipelines.precompute.handler import GemModelHandler
 from pipelines.precompute.records import latest_per_key, representation_table
 from pipelines.precompute.requests import STAGE, check_candidates, merge_catalogs, request_elements, user_elements
@@ -114,6 +115,7 @@ class PrepareRequests(beam.PTransform):
             (keyed, every_shard)
             | "GroupByShard" >> GroupByShard()
             | "Prepare" >> beam.ParDo(_PrepareFn(self._features, self._max_len, self._all_users), self._catalog)
+            .with_output_types(tuple[int, GemBatch])  # so Beam moves them with GemBatchCoder
         )
 
 
