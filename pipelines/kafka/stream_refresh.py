@@ -57,7 +57,8 @@ class RefreshQueue:
         self._pending: dict[int, ShardFlush] = {}
         self._lock = threading.Lock()
         self._numbers = itertools.count()
-        self._worker: Coalescer[tuple[int, np.ndarray]] = Coalescer(self._run, "refresh")
+        # below the flush thread and the reader: histories come first when the CPU is short
+        self._worker: Coalescer[tuple[int, np.ndarray]] = Coalescer(self._run, "refresh", nice=10)
 
     def submit(self, flushed: ShardFlush) -> None:
         if not flushed.acks:
