@@ -97,6 +97,19 @@ class GemBatch:
             moved[f.name] = None if value is None else value.to(device, non_blocking=True)
         return GemBatch(**moved)
 
+    def slice(self, start: int, stop: int) -> GemBatch:
+        """Rows ``[start, stop)``, histories included: what :meth:`select` gives for a contiguous
+        range, by copying slices instead of gathering (copies: a view would keep the whole batch
+        alive, and ran ~8% slower in the precompute bench's loop)."""
+        first, last = int(self.offsets[start]), int(self.offsets[stop])
+        out: dict[str, Any] = {"offsets": self.offsets[start:stop + 1] - first}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "offsets" or value is None:
+                continue
+            out[f.name] = (value[first:last] if f.name in SEQUENCE_FIELDS else value[start:stop]).clone()
+        return GemBatch(**out)
+
     def select(self, rows: np.ndarray | torch.Tensor) -> GemBatch:
         """The sub-batch of ``rows`` (an index array), histories included."""
         rows_t = torch.as_tensor(np.asarray(rows), dtype=torch.int64, device=self.offsets.device)

@@ -71,7 +71,7 @@ def request_elements(index: HistoryIndex, candidates: pa.Table, *, max_len: int,
     counts = pc.list_value_length(candidates.column("ad_ids")).to_numpy(zero_copy_only=False).astype(np.int64)
     starts = np.concatenate([[0], np.cumsum(counts)])
     ids = candidates.column("request_id").to_pylist()
-    return [(rid, batch.select(np.arange(starts[i], starts[i + 1]))) for i, rid in enumerate(ids)]
+    return [(rid, batch.slice(int(starts[i]), int(starts[i + 1]))) for i, rid in enumerate(ids)]
 
 
 def user_elements(index: HistoryIndex, *, max_len: int, chunk: int = 256) -> list[tuple[str, GemBatch]]:
@@ -80,7 +80,7 @@ def user_elements(index: HistoryIndex, *, max_len: int, chunk: int = 256) -> lis
         return []
     batch = build_user_batch(index, max_len=max_len)
     n = batch.num_rows
-    return [(f"users:{index.user_ids[s]}", batch.select(np.arange(s, min(s + chunk, n)))) for s in range(0, n, chunk)]
+    return [(f"users:{index.user_ids[s]}", batch.slice(s, min(s + chunk, n))) for s in range(0, n, chunk)]
 
 
 def merge_catalogs(tables: Iterable[pa.Table]) -> pa.Table:

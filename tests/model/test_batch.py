@@ -9,6 +9,7 @@ import torch
 
 from pipelines.model.batch import (
     ExampleSet,
+    GemBatch,
     HistoryIndex,
     ad_catalog,
     build_candidate_batch,
@@ -16,7 +17,7 @@ from pipelines.model.batch import (
     build_user_batch,
 )
 from schemas.layouts import CANDIDATES
-from tests.model.factories import T0, event, examples_table, histories_table
+from tests.model.factories import T0, event, examples_table, histories_table, random_batch
 
 SEC = 1000
 
@@ -124,3 +125,13 @@ def test_count_features_cover_the_whole_prefix_and_the_evicted_events() -> None:
     assert np.expm1(named["log_events"]) == pytest.approx(12)
     assert np.expm1(named["log_seconds_since_last"]) == pytest.approx(0.5)
     assert not counts[1].any()  # nothing before the first event
+
+
+@pytest.mark.parametrize(("start", "stop"), [(0, 7), (2, 5), (4, 4), (6, 7)])
+def test_slice_is_select_of_a_contiguous_range(start: int, stop: int) -> None:
+    from dataclasses import fields
+
+    batch = random_batch([3, 0, 5, 1, 4, 2, 6], seed=4, with_labels=True)
+    sliced, selected = batch.slice(start, stop), batch.select(torch.arange(start, stop))
+    for f in fields(GemBatch):
+        torch.testing.assert_close(getattr(sliced, f.name), getattr(selected, f.name), equal_nan=True, msg=f.name)
