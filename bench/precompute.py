@@ -33,6 +33,7 @@ from pipelines.precompute.pipeline import PrecomputeConfig, run_precompute
 from pipelines.precompute.requests import request_elements
 
 BUDGET = 32_768
+REPEAT = 1 if QUICK else 2
 
 
 def world(root: Path, users: int, requests: int) -> None:
@@ -87,16 +88,27 @@ def main() -> None:
     print(f"requests {len(batches)}  pairs {pairs}  tokens per request p50={np.median(tokens):.0f} "
           f"p99={np.percentile(tokens, 99):.0f} max={tokens.max()}")
     loop(model, by_tokens(batches[:20], BUDGET))  # warm-up
-    n_tok, tok_s = timed(lambda: loop(model, by_tokens(batches, BUDGET)))
     fixed = max(1, BUDGET // int(tokens.max()))
-    n_cnt, cnt_s = timed(lambda: loop(model, by_count(batches, fixed)))
     args = argparse.Namespace(runner="DirectRunner", direct_running_mode="in_memory", direct_num_workers=1)
     out = root / "beam-out"
-    shutil.rmtree(out, ignore_errors=True)
     config = PrecomputeConfig(features=str(root / "features"), candidates=[str(root / "candidates.parquet")],
                               model=str(root / "model"), output=str(out), token_budget=BUDGET, device="cpu")
-    summary, beam_s = timed(lambda: run_precompute(config, pipeline_options(args), runner_for(args)))
+
+    def beam_run() -> dict:
+        shutil.rmtree(out, ignore_errors=True)
+        return run_precompute(config, pipeline_options(args), runner_for(args))
+
+    # Alternate the three REPEAT times and keep each one's best: load on a shared machine comes and goes.
+    tok_s = cnt_s = beam_s = float("inf")
+    for _ in range(REPEAT):
+        n_tok, seconds = timed(lambda: loop(model, by_tokens(batches, BUDGET)))
+        tok_s = min(tok_s, seconds)
+        summary, seconds = timed(beam_run)
+        beam_s = min(beam_s, seconds)
+        n_cnt, seconds = timed(lambda: loop(model, by_count(batches, fixed)))
+        cnt_s = min(cnt_s, seconds)
     assert n_tok == n_cnt == pairs == summary["pairs_in"]
+    print(f"best of {REPEAT} alternated runs each")
     print(f"plain loop, token budget {BUDGET}: {tok_s:.2f} s  {pairs / tok_s:.0f} pairs/s  "
           f"{tokens.sum() / tok_s:.0f} tokens/s  {len(batches) / tok_s:.1f} requests/s")
     print(f"plain loop, fixed count {fixed} request(s)/batch: {cnt_s:.2f} s  {pairs / cnt_s:.0f} pairs/s")
