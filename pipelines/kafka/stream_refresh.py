@@ -30,23 +30,15 @@ import numpy as np
 import pyarrow as pa
 
 from pipelines.kafka.stream_flush import Acks, Coalescer, ShardFlush
+from pipelines.kafka.stream_state import newest_rows
 
 if TYPE_CHECKING:  # both import torch: loaded on the worker, when the job starts
     from pipelines.kafka.streaming import StreamConfig
     from pipelines.precompute.refresh import RecentCandidates
 
-__all__ = ["RefreshQueue", "load_recent_candidates", "newest_per_user", "open_refresh"]
+__all__ = ["RefreshQueue", "load_recent_candidates", "open_refresh"]
 
 log = logging.getLogger(__name__)
-
-
-def newest_per_user(tables: Sequence[pa.Table]) -> pa.Table:
-    """HISTORY rows of ``tables`` (oldest flush first), one per user: the one from the newest table."""
-    merged = pa.concat_tables(tables)
-    users = merged.column("user_id").to_numpy()
-    order = np.lexsort((np.arange(len(users)), users))
-    last = np.r_[users[order][1:] != users[order][:-1], True] if len(order) else np.zeros(0, bool)
-    return merged.take(pa.array(order[last]))
 
 
 class RefreshQueue:
@@ -78,7 +70,7 @@ class RefreshQueue:
     def _run(self, numbers: list[int]) -> Acks:
         with self._lock:
             flushes = [self._pending.pop(n) for n in numbers]
-        self._refresh(newest_per_user([f.histories for f in flushes]))
+        self._refresh(newest_rows([f.histories for f in flushes]))
         return [ack for f in flushes for ack in f.acks]
 
 

@@ -44,6 +44,7 @@ __all__ = [
     "flush_path",
     "latest_histories",
     "merge_shard",
+    "newest_rows",
     "path_lock",
     "shard_lock",
     "write_flush",
@@ -184,7 +185,7 @@ class ShardStates:
             known, state = (), None
         new = [read_table(str(f), HISTORY) for f in files[len(known):]]
         if new or state is None:
-            state = _newest_rows(new if state is None else [state, *new])
+            state = newest_rows(new if state is None else [state, *new])
         self._seen[(output, shard)] = (files, state)
         return state, len(files)
 
@@ -254,10 +255,10 @@ def write_flush(table: pa.Table, path: str) -> str:
 
 def latest_histories(output: str, shard: int | None = None) -> pa.Table:
     """The newest row of each user over the flush files (of one shard, or all of them)."""
-    return _newest_rows([read_table(str(f), HISTORY) for f in _shard_files(output, shard)])
+    return newest_rows([read_table(str(f), HISTORY) for f in _shard_files(output, shard)])
 
 
-def _newest_rows(tables: list[pa.Table]) -> pa.Table:
+def newest_rows(tables: list[pa.Table]) -> pa.Table:
     """HISTORY rows sorted by user: each user's row from the last of ``tables`` that has one."""
     if not tables:
         return HISTORY.schema.empty_table()

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pytest
 
 from pipelines.kafka.stream_flush import Coalescer, ShardFlush, flush_shards
-from pipelines.kafka.stream_refresh import RefreshQueue, newest_per_user
-from pipelines.kafka.stream_state import OFFSET, PARTITION, ShardStates, latest_histories
+from pipelines.kafka.stream_refresh import RefreshQueue
+from pipelines.kafka.stream_state import OFFSET, PARTITION, ShardStates, latest_histories, newest_rows
 from tests.features.factories import event, events_table
 
 
@@ -80,16 +80,22 @@ def test_a_failed_flush_fails_the_next_call_once() -> None:
     assert [s for s, _ in flusher.wait()] == [0]
 
 
-def _flushed(users: list[int], tag: str, partition: int, offset: int) -> ShardFlush:
-    histories = pa.table({"user_id": pa.array(users, pa.int64()), "tag": [tag] * len(users)})
+def _flushed(users: list[int], events: int, partition: int, offset: int) -> ShardFlush:
+    """A flush that touched ``users``, each now holding ``events`` events (HISTORY rows)."""
+    from tests.model.factories import T0, event, histories_table
+
+    histories = histories_table({u: [event(i, T0 + i) for i in range(events)] for u in users})
     return ShardFlush([(partition, np.asarray([offset]))], histories)
 
 
-def test_newest_per_user_keeps_each_users_row_from_the_latest_flush() -> None:
-    first, second = _flushed([3, 1], "old", 0, 0).histories, _flushed([1, 2], "new", 0, 1).histories
-    kept = newest_per_user([first, second])
-    assert list(zip(kept.column("user_id").to_pylist(), kept.column("tag").to_pylist(), strict=True)) == [
-        (1, "new"), (2, "new"), (3, "old")]
+def _users_and_sizes(histories: pa.Table) -> list[tuple[int, int]]:
+    return list(zip(histories.column("user_id").to_pylist(), histories.column("num_events_total").to_pylist(),
+                    strict=True))
+
+
+def test_newest_rows_keeps_each_users_row_from_the_latest_flush() -> None:
+    first, second = _flushed([3, 1], 1, 0, 0).histories, _flushed([1, 2], 2, 0, 1).histories
+    assert _users_and_sizes(newest_rows([first, second])) == [(1, 2), (2, 2), (3, 1)]
 
 
 def test_refresh_queue_hands_acks_back_only_after_the_refresh_and_takes_a_backlog_at_once() -> None:
@@ -100,13 +106,13 @@ def test_refresh_queue_hands_acks_back_only_after_the_refresh_and_takes_a_backlo
         release.wait(5)
 
     queue = RefreshQueue(refresh)
-    queue.submit(_flushed([1], "a", 0, 10))
+    queue.submit(_flushed([1], 1, 0, 10))
     while not refreshed:  # the first refresh is running: nothing acknowledged yet
         threading.Event().wait(0.01)
     assert queue.finished() == []
-    queue.submit(_flushed([2, 1], "b", 1, 20))
-    queue.submit(_flushed([3], "c", 0, 11))
-    queue.submit(ShardFlush([], pa.table({"user_id": pa.array([], pa.int64())})))  # nothing to acknowledge
+    queue.submit(_flushed([2, 1], 2, 1, 20))
+    queue.submit(_flushed([3], 1, 0, 11))
+    queue.submit(ShardFlush([], _flushed([], 0, 0, 0).histories))  # nothing to acknowledge
     release.set()
     acks = queue.wait()
     assert refreshed == [[1], [1, 2, 3]]  # the two waiting flushes in one refresh, each user once
@@ -118,7 +124,7 @@ def test_a_failed_refresh_fails_the_next_call_and_never_acknowledges() -> None:
         raise ConnectionError("store down")
 
     queue = RefreshQueue(refresh)
-    queue.submit(_flushed([1], "a", 0, 10))
+    queue.submit(_flushed([1], 1, 0, 10))
     with pytest.raises(ConnectionError, match="store down"):
         queue.wait()
     assert queue.finished() == []
