@@ -16,9 +16,10 @@ The job, on a streaming runner (Beam's Prism, built by ``make prism``):
    acknowledgements of the flushed offsets. The shard's flush files are its
    state; the worker keeps it in memory between flushes
    (:data:`pipelines.kafka.stream_state.SHARD_STATES`) and checks it against the
-   files under the shard lock. With a model and a store, each flush's touched users' representations are
-   written to the online store (:mod:`pipelines.kafka.stream_refresh`, on a
-   worker thread too) before its acknowledgements are emitted;
+   files under the shard lock. With a model and a store, each flush's touched
+   users' representations are written to the online store
+   (:mod:`pipelines.kafka.stream_refresh`, on a worker thread too) before its
+   acknowledgements are emitted;
 3. dead letters are written (Parquet, optional topic) and acknowledged likewise;
 4. ``CommitOffsets``, keyed by partition, commits to the group the first offset
    not yet durable (:class:`pipelines.kafka.stream_state.OffsetLedger`).

@@ -39,10 +39,10 @@ def token_chunks(batch: GemBatch, budget: int) -> Iterator[GemBatch]:
     start, used = 0, 0
     for row, n in enumerate(lengths.tolist()):
         if row > start and used + n > budget:
-            yield batch.select(np.arange(start, row))
+            yield batch.slice(start, row)
             start, used = row, 0
         used += n
-    yield batch.select(np.arange(start, batch.num_rows))
+    yield batch.slice(start, batch.num_rows)
 
 
 @dataclass(frozen=True)
