@@ -32,5 +32,17 @@ def generate(users: int, days: int, output: Path, seed: int = 11) -> Path:
     return output
 
 
+def untrained_model(directory: Path) -> Path:
+    """A seeded, untrained model of the default GemConfig saved in ``directory`` (re-made on every run, so it
+    never predates the architecture); for benches whose cost does not depend on the weights."""
+    import torch
+
+    from pipelines.model import GemConfig, GemModel, save_checkpoint
+
+    torch.manual_seed(0)
+    save_checkpoint(GemModel(GemConfig()), directory)
+    return directory
+
+
 def result(name: str, ratio: float, target: float, text: str) -> None:
     print(f"RESULT {name} ratio={ratio:.3f} target={target:g} {text}", flush=True)

@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from bench.common import QUICK, WORK, result  # noqa: E402
+from bench.common import QUICK, WORK, result, untrained_model  # noqa: E402
 
 BOUND_S = 2.0
 FLUSH_S = 0.25
@@ -113,16 +113,6 @@ class StoreWatcher(threading.Thread):
         return times[k] if k < len(watermarks) else None
 
 
-def _untrained_model(root: Path) -> Path:
-    import torch
-
-    from pipelines.model import GemConfig, GemModel, save_checkpoint
-
-    torch.manual_seed(0)
-    save_checkpoint(GemModel(GemConfig()), root / "model")
-    return root / "model"
-
-
 def _percentiles(name: str, lat: np.ndarray, missing: int) -> float:
     p50, p99 = (float(np.percentile(lat, q)) for q in (50, 99))
     print(f"produce -> {name}: p50 {p50 * 1000:.0f} ms  p99 {p99 * 1000:.0f} ms  max {lat.max() * 1000:.0f} ms  "
@@ -148,7 +138,7 @@ def main() -> None:
     store_uri = f"{default_redis_url()}?namespace=bench-fresh:{topic}:"
     job = subprocess.Popen([sys.executable, "-m", "pipelines", "stream", "--topic", topic, "--group", group,
                             "--output", str(out), "--num-shards", "4", "--flush-interval", str(FLUSH_S),
-                            "--bootstrap-servers", bootstrap, "--model", str(_untrained_model(out)),
+                            "--bootstrap-servers", bootstrap, "--model", str(untrained_model(out / "model")),
                             "--store", store_uri, "--device", "cpu"], stdout=subprocess.DEVNULL,
                            stderr=open(WORK / "freshness" / f"{topic}.log", "wb"), start_new_session=True)
     watcher, stored = Watcher(out), StoreWatcher(store_uri)

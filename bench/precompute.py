@@ -23,9 +23,9 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import torch
 
-from bench.common import QUICK, WORK, result, timed
+from bench.common import QUICK, WORK, result, timed, untrained_model
 from pipelines.cli import main as cli
-from pipelines.model import GemConfig, GemModel, HistoryIndex, ad_catalog, load_model, save_checkpoint
+from pipelines.model import HistoryIndex, ad_catalog, load_model
 from pipelines.options import pipeline_options, runner_for
 from pipelines.precompute.batching import batch_tokens
 from pipelines.precompute.handler import GemModelHandler
@@ -38,8 +38,7 @@ REPEAT = 1 if QUICK else 2
 
 def world(root: Path, users: int, requests: int) -> None:
     """Generated events and features (reused across runs) and a fresh untrained model of the current code."""
-    torch.manual_seed(0)
-    save_checkpoint(GemModel(GemConfig()), root / "model")  # cheap; a cached one may predate the architecture
+    untrained_model(root / "model")
     if (root / "features" / "summary.json").exists():
         return
     cli(["generate", "--users", str(users), "--days", "14", "--seed", "21", "--output", str(root / "events.parquet"),
