@@ -123,6 +123,11 @@ class GemBatch:
         return GemBatch(**out)
 
 
+def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal everywhere (broadcasting), NaN equal to NaN: whether two histories hold the same tokens."""
+    return bool(((a == b) | (a != a) & (b != b)).all())
+
+
 def _np(column: pa.ChunkedArray | pa.Array, fill: int | float | None = None) -> np.ndarray:
     if fill is not None:
         column = pc.fill_null(column, fill)

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipelines.model.attention import BlockAttention, PooledSummary, TargetAttention
-from pipelines.model.batch import NUM_COUNT_FEATURES, SEQUENCE_FIELDS, GemBatch
+from pipelines.model.batch import NUM_COUNT_FEATURES, SEQUENCE_FIELDS, GemBatch, same_values
 from pipelines.model.config import GemConfig
 from pipelines.model.embed import CATEGORY_SALT, NUM_CONTEXT_TOKENS, NUM_TARGET_TOKENS, TokenEmbedder, hash_ids
 from pipelines.model.interaction import MixtureOfExperts
@@ -77,8 +77,7 @@ def shared_histories(batch: GemBatch) -> tuple[torch.Tensor, torch.Tensor] | Non
     same_as, _ = gather_index(batch.offsets, first[history_of])  # each token's twin in its first row
     for name in SEQUENCE_FIELDS:
         values = getattr(batch, name)
-        twin = values[same_as]
-        if not bool(((values == twin) | (values != values) & (twin != twin)).all()):  # NaN equals NaN
+        if not same_values(values, values[same_as]):
             return None
     return first, history_of
 
@@ -208,13 +207,16 @@ class GemModel(nn.Module):
         return summary, targeted
 
     # ---- full model -------------------------------------------------------------------
-    def forward(self, batch: GemBatch, *, reference: bool = False) -> GemOutput:
+    def forward(self, batch: GemBatch, *, reference: bool = False, share_histories: bool = False) -> GemOutput:
+        """``share_histories``: encode a history read by several rows once (inference on candidate
+        requests, see :func:`shared_histories`); off for training, whose rows rarely share one and
+        where looking costs host syncs per step on a GPU."""
         c = self.config
         target = self.embed.target(batch)  # (B, 4, D)
         if reference:
             summary, targeted = self.encode_sequence_reference(self.embed.sequence(batch), batch.offsets, target)
         else:
-            shared = shared_histories(batch)
+            shared = shared_histories(batch) if share_histories else None
             history = batch if shared is None else batch.select(shared[0])
             summary, targeted = self.encode_sequence(self.embed.sequence(history), history.offsets, target,
                                                      None if shared is None else shared[1])  # (B, K, D)
@@ -305,7 +307,7 @@ class GemModel(nn.Module):
         """
         device = next(self.parameters()).device
         with autocast_for(device):
-            out = self(batch.to(device))
+            out = self(batch.to(device), share_histories=True)
         lengths = batch.lengths
 
         def np32(t: torch.Tensor) -> np.ndarray:

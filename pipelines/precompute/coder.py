@@ -19,7 +19,7 @@ import apache_beam as beam
 import numpy as np
 import torch
 
-from pipelines.model.batch import SEQUENCE_FIELDS, GemBatch
+from pipelines.model.batch import SEQUENCE_FIELDS, GemBatch, same_values
 from pipelines.precompute.batching import approx_bytes
 
 __all__ = ["GemBatchCoder", "register"]
@@ -37,9 +37,8 @@ def _one_history(batch: GemBatch) -> int | None:
         return None
     n = int(lengths[0])
     for name in SEQUENCE_FIELDS:
-        rows = _numpy(getattr(batch, name)).reshape(batch.num_rows, n)
-        first = rows[:1]
-        if not ((rows == first) | (rows != rows) & (first != first)).all():  # NaN equals NaN
+        rows = getattr(batch, name).reshape(batch.num_rows, n)
+        if not same_values(rows, rows[:1]):
             return None
     return n
 

@@ -48,7 +48,7 @@ def test_a_shared_history_gives_every_row_what_it_gives_alone() -> None:
     model = GemModel(tiny_config(block_size=8)).eval()
     batch = _request_batch()
     with torch.no_grad():
-        together = model(batch)
+        together = model(batch, share_histories=True)
         alone = [model(batch.select(torch.tensor([i]))) for i in range(batch.num_rows)]
     for name in ("click_logit", "conversion_logit", "user_embedding", "pair_embedding"):
         got = getattr(together, name)
