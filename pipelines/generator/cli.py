@@ -55,6 +55,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="share of events emitted a second time later in the output, same event_id (default 0)",
     )
     parser.add_argument(
+        "--niche-affinity",
+        type=float,
+        default=0.0,
+        help="give each user a niche category they like this much (affinity, 1 = indifferent) but are rarely "
+        "shown, so only long histories reveal it: a world where old interests matter (default 0 = off)",
+    )
+    parser.add_argument(
+        "--niche-exposure",
+        type=float,
+        default=0.03,
+        help="share of impressions that show the user's niche category (with --niche-affinity; default 0.03)",
+    )
+    parser.add_argument(
         "--start",
         type=str,
         default="2026-05-01",
@@ -122,7 +135,9 @@ def build_request(args: argparse.Namespace) -> Request:
     if not 0.0 <= args.duplicate_fraction <= 1.0:
         raise ConfigError("--duplicate-fraction", f"{args.duplicate_fraction} is outside [0, 1]", "use e.g. 0.01")
     requests = _check_candidates(args)
-    config = WorldConfig(users=args.users, days=args.days, seed=args.seed, start_ms=_start_ms(args.start))
+    _check_niche(args)
+    config = WorldConfig(users=args.users, days=args.days, seed=args.seed, start_ms=_start_ms(args.start),
+                         niche_affinity=args.niche_affinity, niche_exposure=args.niche_exposure)
     if config.expected_events > MAX_EXPECTED_EVENTS:
         raise ConfigError(
             "--users",
@@ -152,6 +167,18 @@ def _check_candidates(args: argparse.Namespace) -> int:
         raise ConfigError("--candidates", "is the same file as --output", "write candidates to another path")
     _check_range("--requests", requests, 0, 50_000_000)
     return requests
+
+
+def _check_niche(args: argparse.Namespace) -> None:
+    from pipelines.generator.config import DEFAULT_CATEGORIES as most
+
+    if args.niche_affinity != 0 and not 1 <= args.niche_affinity <= most:
+        raise ConfigError("--niche-affinity", f"{args.niche_affinity} is neither 0 (off) nor in [1, {most}]",
+                          "use e.g. 16 (as strong as a main interest), or 0 for the default world")
+    if not 0 <= args.niche_exposure <= 0.5:
+        raise ConfigError("--niche-exposure", f"{args.niche_exposure} is outside [0, 0.5]", "use e.g. 0.03")
+    if args.niche_exposure != 0.03 and not args.niche_affinity:
+        raise ConfigError("--niche-exposure", "given without --niche-affinity", "add --niche-affinity, e.g. 16")
 
 
 def _start_ms(text: str) -> int:

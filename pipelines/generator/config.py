@@ -15,6 +15,8 @@ DEFAULT_START = datetime(2026, 5, 1, tzinfo=UTC)
 #: per user, median ~25, a few power users above 20,000.
 EVENTS_PER_USER_DAY = 3.6
 
+DEFAULT_CATEGORIES = 32
+
 #: Above this many expected events the generator refuses to start (memory).
 MAX_EXPECTED_EVENTS = 250_000_000
 
@@ -31,11 +33,17 @@ class WorldConfig:
     days: int
     seed: int = 0
     start_ms: int = int(DEFAULT_START.timestamp() * 1000)
-    categories: int = 32
+    categories: int = DEFAULT_CATEGORIES
     segments: int = 12
     organic_items: int = 0
     ads: int = 0
     advertisers: int = 0
+    #: Opt-in "niche" interests (0 = off, the default world): each user also likes their
+    #: least-interesting category this much (affinity, 1 = indifferent) but is shown it only
+    #: ``niche_exposure`` of the time, so evidence of it is sparse and mostly old: only a long
+    #: history holds it. A world where old interests matter, for context-length comparisons.
+    niche_affinity: float = 0.0
+    niche_exposure: float = 0.03
 
     def __post_init__(self) -> None:
         if self.users <= 0:
@@ -53,6 +61,10 @@ class WorldConfig:
                 raise ValueError(f"{name} must be 0 (derived from users) or at least categories")
         if self.advertisers < 0:
             raise ValueError("advertisers must be non-negative (0 = derived from ads)")
+        if self.niche_affinity != 0 and not 1 <= self.niche_affinity <= self.categories:
+            raise ValueError(f"niche_affinity must be 0 (off) or in [1, categories], got {self.niche_affinity}")
+        if not 0 <= self.niche_exposure <= 0.5:
+            raise ValueError(f"niche_exposure must be in [0, 0.5], got {self.niche_exposure}")
 
     @property
     def end_ms(self) -> int:

@@ -7,6 +7,10 @@ probability is a logistic function of the user-item affinity
 (``interest[user, category] * categories``, 1 = indifferent) and the item's
 quality, so clicks and likes rise with affinity and hides fall. Ad clicks
 convert rarely, minutes to days later, on the same item.
+
+In a world with niche interests (``WorldConfig.niche_affinity``), a further
+``niche_exposure`` of impressions show the user's niche category, whose affinity
+is ``niche_affinity`` whatever their interest vector says.
 """
 
 from __future__ import annotations
@@ -76,8 +80,7 @@ class Engagement:
 def simulate_engagement(world: World, imp: Impressions, rng: np.random.Generator) -> Engagement:
     """Items for the impressions, then every event they lead to."""
     item = choose_items(world, imp, rng)
-    category = world.items.category[item]
-    affinity = world.users.interest[imp.user, category].astype(np.float64) * world.config.categories
+    affinity = user_affinity(world, imp.user, world.items.category[item])
     log_affinity = np.log(np.maximum(affinity, 1e-6))
     parts = [_impressions(imp, log_affinity, rng)]
     for reaction in REACTIONS:
@@ -91,6 +94,14 @@ def simulate_engagement(world: World, imp: Impressions, rng: np.random.Generator
 _FIELDS = ("source", "event_type", "time_ms", "value")
 
 
+def user_affinity(world: World, user: np.ndarray, category: np.ndarray) -> np.ndarray:
+    """``(N,)`` float64 affinity of ``user[i]`` to ``category[i]`` (1 = indifferent)."""
+    affinity = world.users.interest[user, category].astype(np.float64) * world.config.categories
+    if world.config.niche_affinity:
+        affinity[world.users.niche[user] == category] = world.config.niche_affinity
+    return affinity
+
+
 def choose_items(world: World, imp: Impressions, rng: np.random.Generator) -> np.ndarray:
     """An item index per impression: ad or organic, category, then popularity."""
     n, c = len(imp), world.config.categories
@@ -98,6 +109,8 @@ def choose_items(world: World, imp: Impressions, rng: np.random.Generator) -> np
     own = sample_rows(world.users.interest, imp.user, rng)
     popular = rng.choice(c, size=n, p=world.category_share)
     category = np.where(rng.random(n) < EXPLORE, popular, own)
+    if world.config.niche_affinity:  # no extra draw otherwise: the default world stays byte for byte
+        category = np.where(rng.random(n) < world.config.niche_exposure, world.users.niche[imp.user], category)
     items = world.items
     groups = items.is_ad.astype(np.int64) * c + items.category
     return sample_in_groups(items.popularity, groups, is_ad.astype(np.int64) * c + category, rng)

@@ -4,6 +4,8 @@ Users belong to interest segments (the ground truth later stages are judged
 against): a segment is a sparse distribution over item categories, and a user's
 interest vector is mostly their segment's plus a personal part. Activity follows a
 power law (lognormal body, Pareto tail), so a few users are very active.
+Optionally (``WorldConfig.niche_affinity``) each user also has a niche category they
+like but are rarely shown (see ``engagement``).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class Users:
     device: np.ndarray  # (U,) int8, the user's main device
     activity: np.ndarray  # (U,) float64, expected events per day
     tz_hours: np.ndarray  # (U,) int64, local time = UTC + tz_hours
+    niche: np.ndarray  # (U,) int32, the user's niche category, -1 without niche interests
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,8 @@ def _build_users(config: WorldConfig, category_share: np.ndarray, rng: np.random
         device=rng.choice(len(DEVICE_SHARE), size=n, p=DEVICE_SHARE).astype(np.int8),
         activity=_activity_per_day(n, rng),
         tz_hours=rng.choice(np.array([-8, -5, 0, 1, 3, 5, 8, 9]), size=n),
+        # their least interesting category (no random draw: the default world stays byte for byte)
+        niche=(interest.argmin(axis=1) if config.niche_affinity else np.full(n, -1)).astype(np.int32),
     )
 
 

@@ -67,6 +67,8 @@ def test_help_describes_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
         "--requests",
         "--bad-fraction",
         "--duplicate-fraction",
+        "--niche-affinity",
+        "--niche-exposure",
         "--start",
     ):
         assert flag in text
@@ -87,6 +89,9 @@ def test_help_describes_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
         (["--output", "x.jsonl", "--candidates", "c.csv"], "--candidates"),
         (["--output", "x.jsonl", "--requests", "10"], "--requests"),
         (["--output", "x.jsonl", "--users", "5000000", "--days", "366"], "--users"),
+        (["--output", "x.jsonl", "--niche-affinity", "0.5"], "--niche-affinity"),
+        (["--output", "x.jsonl", "--niche-affinity", "16", "--niche-exposure", "0.9"], "--niche-exposure"),
+        (["--output", "x.jsonl", "--niche-exposure", "0.1"], "--niche-exposure"),
     ],
 )
 def test_bad_flags_fail_with_exit_code_2_before_any_work(
