@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -22,13 +22,14 @@ def timed(fn: Callable[[], T]) -> tuple[T, float]:
     return value, time.perf_counter() - start
 
 
-def generate(users: int, days: int, output: Path, seed: int = 11) -> Path:
-    """Generator output at ``output`` (reused when it already exists for these arguments)."""
+def generate(users: int, days: int, output: Path, seed: int = 11, flags: Sequence[str] = ()) -> Path:
+    """Generator output at ``output`` (reused when it exists: name ``output`` after every argument,
+    ``flags`` (more generator flags) included)."""
     if output.exists():
         return output
     output.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-m", "pipelines", "generate", "--users", str(users), "--days", str(days),
-                    "--seed", str(seed), "--output", str(output)], check=True)
+                    "--seed", str(seed), "--output", str(output), *flags], check=True)
     return output
 
 

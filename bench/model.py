@@ -10,11 +10,15 @@ All in one run, each figure beside its baseline:
    fp32 matmul peak measured here with a large ``torch.mm`` (target >= 40%);
 4. component skip on vs off: forward FLOPs saved (target >= 40%) and the holdout click
    AUC it costs (target: at most 0.002 at the upper end of its 90% interval), both trained
-   on the same examples of one generated world with several seeds: the mean loss over
-   seeds, each seed's, and an interval over holdout rows (paired bootstrap) and seeds;
-5. max_len 256 vs 1,024 vs 4,096 on the same data, two seeds each: holdout click AUC on
-   the rows whose history is longer than 256 events (where a longer context can read
-   more) and on all rows, and each longer context's gain with its interval;
+   on the same examples of one generated world (40,000 users, so the last day holds
+   ~2,900 clicks) with eight seeds: the mean loss over seeds, each seed's, and an
+   interval over holdout rows (paired bootstrap) and seeds;
+5. max_len 256 vs 1,024 vs 4,096 on the same data, two seeds each, on a world where old
+   interests matter (``generate --niche-affinity``: each user likes a niche category as
+   much as a main interest but is shown it on 3% of impressions, so in a long history
+   its evidence is mostly far back): holdout click AUC on the rows whose history is
+   longer than 256 events (where a longer context can read more) and on all rows, and
+   each longer context's gain with its interval;
 and the model against its baseline per task (for conversion also over every seed).
 The headline (1) is printed last. QUICK=1 shrinks every size (a few minutes: seven
 trainings); one torch thread per training unless BENCH_THREADS says otherwise, two
@@ -53,10 +57,15 @@ from tests.model.factories import random_batch
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 #: Seeds (init and batch order) of each component-skip setting; both settings see the same examples.
-SKIP_SEEDS = (0, 1) if QUICK else (0, 1, 2, 3)
+SKIP_SEEDS = (0, 1) if QUICK else tuple(range(8))
+#: (users, days) of the skip world: the last day's clicks bound how precisely an AUC loss is known.
+SKIP_WORLD = (3000, 14) if QUICK else (40000, 14)
 #: Seeds of each context length, and the lengths compared (same examples and holdout).
 CONTEXT_SEEDS = (0,) if QUICK else (0, 1)
 CONTEXT_LENGTHS = (256, 1024, 4096)
+#: The context world: the default one plus niche interests of this affinity (generate --niche-affinity).
+CONTEXT_WORLD = (3000, 14) if QUICK else (20000, 14)
+NICHE_AFFINITY = 16.0
 
 
 def _sync() -> None:
@@ -186,9 +195,11 @@ def bench_flops(config: GemConfig) -> tuple[float, float, dict[int, float]]:
     return achieved[256], peak, achieved
 
 
-def features_dir(users: int, days: int) -> str:
-    root = WORK / f"model-{users}u-{days}d"
-    events = generate(users, days, root / "events.parquet")
+def features_dir(users: int, days: int, niche: float = 0.0) -> str:
+    """Features of a generated world (``niche``: its --niche-affinity, 0 = the default world)."""
+    root = WORK / (f"model-{users}u-{days}d" + (f"-niche{niche:g}" if niche else ""))
+    flags = ("--niche-affinity", str(niche)) if niche else ()
+    events = generate(users, days, root / "events.parquet", flags=flags)
     out = root / "features"
     if not (out / "summary.json").exists():
         shutil.rmtree(out, ignore_errors=True)
@@ -214,32 +225,38 @@ def _train_one(data: str, name: str, config: GemConfig, tc: TrainConfig, threads
 
 
 def bench_quality(base: GemConfig) -> dict[str, dict]:
-    """Trainings on one generated world, all on the same training sample and holdout
+    """Trainings, each pair of compared settings on one training sample and holdout
     (``data_seed`` fixed; the seed varies init and order): component skip on/off with
-    SKIP_SEEDS seeds each, then max_len 256 / 1,024 / 4,096 with CONTEXT_SEEDS seeds on a
-    smaller training budget (long contexts cost more per example). BENCH_JOBS trainings run
-    at once (2 by default: one per core, each on the bench's thread count)."""
-    data = features_dir(3000 if QUICK else 20000, 14)
+    SKIP_SEEDS seeds each on the default world, then max_len 256 / 1,024 / 4,096 with
+    CONTEXT_SEEDS seeds on a smaller training budget (long contexts cost more per example)
+    on a world with niche interests (``NICHE_AFFINITY``: liked but rarely shown, so their
+    evidence lies far back in a long history). BENCH_JOBS trainings run at once (2 by
+    default: one per core, each on the bench's thread count)."""
+    skip_data = features_dir(*SKIP_WORLD)
+    context_data = features_dir(*CONTEXT_WORLD, niche=NICHE_AFFINITY)
     # the holdout keeps every positive of the last day (negatives sampled and weighted back)
-    holdout = 8000 if QUICK else 30000
-    skip_tc = TrainConfig(epochs=1, max_examples=4000 if QUICK else 30000, max_holdout=holdout,
+    skip_tc = TrainConfig(epochs=1, max_examples=4000 if QUICK else 30000, max_holdout=8000 if QUICK else 60000,
                           progress=False, seed=0, data_seed=0)
-    context_tc = dataclasses.replace(skip_tc, max_examples=2000 if QUICK else 12000)
-    runs: dict[str, tuple[GemConfig, TrainConfig]] = {}
+    context_tc = dataclasses.replace(skip_tc, max_examples=2000 if QUICK else 12000,
+                                     max_holdout=8000 if QUICK else 30000)
+    runs: dict[str, tuple[str, GemConfig, TrainConfig]] = {}
     for seed in SKIP_SEEDS:
         tc = dataclasses.replace(skip_tc, seed=seed)
-        runs[f"skip_on_{seed}"] = (base, tc)
-        runs[f"skip_off_{seed}"] = (base.replace(component_skip=False), tc)
+        runs[f"skip_on_{seed}"] = (skip_data, base, tc)
+        runs[f"skip_off_{seed}"] = (skip_data, base.replace(component_skip=False), tc)
     for seed in CONTEXT_SEEDS:
         for max_len in CONTEXT_LENGTHS:
-            runs[f"max_len_{max_len}_{seed}"] = (base.replace(max_len=max_len),
+            runs[f"max_len_{max_len}_{seed}"] = (context_data, base.replace(max_len=max_len),
                                                  dataclasses.replace(context_tc, seed=seed))
     metrics = {}
     jobs, threads = int(os.environ.get("BENCH_JOBS", "2")), torch.get_num_threads()
     # longest first, so the last job to start is a short one
-    order = sorted(runs, key=lambda n: -runs[n][0].max_len * (runs[n][1].max_examples or 0))
+    order = sorted(runs, key=lambda n: -runs[n][1].max_len * (runs[n][2].max_examples or 0))
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(_train_one, data, name, *runs[name], threads) for name in order]
+        futures = []
+        for name in order:
+            data, config, tc = runs[name]
+            futures.append(pool.submit(_train_one, data, name, config, tc, threads))
         for future in as_completed(futures):
             name, metrics[name], seconds = future.result()
             _line(name, metrics[name], seconds)
@@ -339,7 +356,8 @@ def main() -> None:
            f"holdout {holdout['holdout_examples']} rows, {holdout['holdout_clicks']} clicks")
     shortest, longest = CONTEXT_LENGTHS[0], CONTEXT_LENGTHS[-1]
     result("model_context_length", context_auc[longest]["long"] / context_auc[shortest]["long"], 1,
-           f"click AUC on the {long['rows']} holdout rows with > {shortest} history events ({long['clicks']} "
+           f"niche-interest world (--niche-affinity {NICHE_AFFINITY:g}): click AUC on the {long['rows']} holdout "
+           f"rows with > {shortest} history events ({long['clicks']} "
            f"clicks, {long['users']} users, {long['share']:.0%} of the weighted holdout), mean of "
            f"{_seeds(len(CONTEXT_SEEDS))}: " + ", ".join(f"max_len {n} {a['long']:.4f}" for n, a in context_auc.items())
            + "; gain over " + f"{shortest}: " + "; ".join(f"{n} {_interval(g)}" for n, g in context_gain.items())
