@@ -11,7 +11,7 @@ All in one run, each figure beside its baseline:
 4. component skip on vs off: forward FLOPs saved (target >= 40%) and the holdout click
    AUC it costs (target: at most 0.002 at the upper end of its 90% interval), both trained
    on the same examples of one generated world (40,000 users, so the last day holds
-   ~2,900 clicks) with eight seeds: the mean loss over seeds, each seed's, and an
+   ~2,600 clicks) with eight seeds: the mean loss over seeds, each seed's, and an
    interval over holdout rows (paired bootstrap) and seeds;
 5. max_len 256 vs 1,024 vs 4,096 on the same data, two seeds each, on a world where old
    interests matter (``generate --niche-affinity``: each user likes a niche category as
@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from functools import partial
+from typing import NamedTuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -224,6 +225,14 @@ def _train_one(data: str, name: str, config: GemConfig, tc: TrainConfig, threads
     return name, metrics, time.perf_counter() - started
 
 
+class Run(NamedTuple):
+    """One training of the quality section: its features, model and training settings."""
+
+    data: str
+    config: GemConfig
+    tc: TrainConfig
+
+
 def bench_quality(base: GemConfig) -> dict[str, dict]:
     """Trainings, each pair of compared settings on one training sample and holdout
     (``data_seed`` fixed; the seed varies init and order): component skip on/off with
@@ -239,24 +248,21 @@ def bench_quality(base: GemConfig) -> dict[str, dict]:
                           progress=False, seed=0, data_seed=0)
     context_tc = dataclasses.replace(skip_tc, max_examples=2000 if QUICK else 12000,
                                      max_holdout=8000 if QUICK else 30000)
-    runs: dict[str, tuple[str, GemConfig, TrainConfig]] = {}
+    runs: dict[str, Run] = {}
     for seed in SKIP_SEEDS:
         tc = dataclasses.replace(skip_tc, seed=seed)
-        runs[f"skip_on_{seed}"] = (skip_data, base, tc)
-        runs[f"skip_off_{seed}"] = (skip_data, base.replace(component_skip=False), tc)
+        runs[f"skip_on_{seed}"] = Run(skip_data, base, tc)
+        runs[f"skip_off_{seed}"] = Run(skip_data, base.replace(component_skip=False), tc)
     for seed in CONTEXT_SEEDS:
         for max_len in CONTEXT_LENGTHS:
-            runs[f"max_len_{max_len}_{seed}"] = (context_data, base.replace(max_len=max_len),
-                                                 dataclasses.replace(context_tc, seed=seed))
+            runs[f"max_len_{max_len}_{seed}"] = Run(context_data, base.replace(max_len=max_len),
+                                                    dataclasses.replace(context_tc, seed=seed))
     metrics = {}
     jobs, threads = int(os.environ.get("BENCH_JOBS", "2")), torch.get_num_threads()
     # longest first, so the last job to start is a short one
-    order = sorted(runs, key=lambda n: -runs[n][1].max_len * (runs[n][2].max_examples or 0))
+    order = sorted(runs, key=lambda n: -runs[n].config.max_len * (runs[n].tc.max_examples or 0))
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = []
-        for name in order:
-            data, config, tc = runs[name]
-            futures.append(pool.submit(_train_one, data, name, config, tc, threads))
+        futures = [pool.submit(_train_one, runs[n].data, n, runs[n].config, runs[n].tc, threads) for n in order]
         for future in as_completed(futures):
             name, metrics[name], seconds = future.result()
             _line(name, metrics[name], seconds)
