@@ -4,7 +4,10 @@ The pure reader under the Beam source: :func:`open_fetcher` gives a
 :class:`Fetcher` (kafka-python by default, confluent-kafka/librdkafka when asked
 and installed) whose ``fetch(range)`` yields :class:`MessageBatch` es in offset
 order; :func:`decode_batch` turns one into events and dead letters with the
-batch decoder (sources ``kafka:<topic>/<partition>/<offset>``).
+batch decoder (sources ``kafka:<topic>/<partition>/<offset>``). The kafka-python
+fetcher sends Fetch requests with kafka-python's network client and parses each
+response whole (:mod:`pipelines.kafka.records`), so no message becomes a Python
+object; the streaming :class:`PartitionPoller` uses kafka-python's consumer.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pipelines.features.parse import ParseResult
 from pipelines.kafka.config import KafkaConnection
 from pipelines.kafka.decode import Payloads, decode_events
 from pipelines.kafka.ranges import PartitionRange
+from pipelines.kafka.records import CorruptRecordsError, parse_records
 
 __all__ = [
     "BACKENDS",
@@ -43,6 +47,10 @@ log = logging.getLogger(__name__)
 BACKENDS = ("kafka-python", "confluent")
 #: How long a fetch waits without progress (broker down, range past the log end) before failing.
 DEFAULT_STALL_S = 120.0
+#: Pause before retrying a fetch that failed with a retriable error.
+_RETRY_S = 0.2
+#: How long the broker may hold a Fetch for data to arrive (no long poll: ranges end at known offsets).
+_FETCH_WAIT_MS = 10
 
 
 class KafkaReadError(PipelinesError):
@@ -157,43 +165,90 @@ class _Stall:
 
 
 class KafkaPythonFetcher:
-    """kafka-python consumer without a group: assign, seek, poll until the range's end."""
+    """kafka-python's network client fetches each range from its partition's leader; every response is
+    parsed whole by :func:`pipelines.kafka.records.parse_records` (no Python object per message).
+
+    Retriable errors (broker away, leader moved) are retried until ``stall_s``
+    pass without progress; an offset no longer in the log is a :class:`KafkaReadError`.
+    """
 
     def __init__(self, connection: KafkaConnection, *, max_batch: int = 20_000, stall_s: float = DEFAULT_STALL_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        from kafka import KafkaConsumer
+                 clock: Callable[[], float] = time.monotonic, partition_bytes: int = 4 << 20,
+                 timeout_s: float = 30.0) -> None:
+        from kafka.net.compat import KafkaNetClient
 
         self._max_batch, self._stall_s, self._clock = max_batch, stall_s, clock
-        self._consumer = KafkaConsumer(
-            **connection.kafka_python(), group_id=None, enable_auto_commit=False, check_crcs=False,
-            fetch_max_bytes=64 << 20, max_partition_fetch_bytes=4 << 20, fetch_min_bytes=1,
-            fetch_max_wait_ms=10, max_poll_records=max_batch, auto_offset_reset="earliest",
-        )
+        # One attempt never outlasts the stall limit, so an unreachable broker fails in about stall_s.
+        self._partition_bytes, self._timeout_ms = partition_bytes, int(min(timeout_s, stall_s) * 1000)
+        # A batch bigger than partition_bytes still comes whole (up to the broker's message.max.bytes).
+        self._client = KafkaNetClient(**connection.kafka_python(),
+                                      receive_message_max_bytes=partition_bytes + (64 << 20))
+        self._topics: set[str] = set()
 
     def fetch(self, part: PartitionRange) -> Iterator[MessageBatch]:
-        from kafka import TopicPartition
+        from kafka.errors import KafkaError
 
         if part.size == 0:
             return
-        tp = TopicPartition(part.topic, part.partition)
-        self._consumer.assign([tp])
-        self._consumer.seek(tp, part.start)
         position, stall = part.start, _Stall(part, self._stall_s, self._clock)
         while position < part.stop:
-            records = self._consumer.poll(timeout_ms=500, max_records=self._max_batch).get(tp, [])
-            if records and records[-1].offset >= part.stop:
-                records = [r for r in records if r.offset < part.stop]
-            if records:
-                stall.progressed()
-                yield _batch(part, [r.offset for r in records], [r.value for r in records])
-            # The position also moves over offsets that hold no record (transaction markers, compaction).
-            position = max(position, self._consumer.position(tp) or position)
-            if not records:
+            try:
+                records = parse_records(self._fetch_once(part, position), position, part.stop)
+            except (KafkaError, OSError) as exc:
+                if isinstance(exc, KafkaError) and not exc.retriable:
+                    raise KafkaReadError(f"{part.topic}/{part.partition} at offset {position}: {exc}") from exc
+                log.warning("%s/%s at offset %s: %s (retrying)", part.topic, part.partition, position, exc)
                 stall.check(position)
-        self._consumer.unsubscribe()
+                time.sleep(_RETRY_S)
+                continue
+            except CorruptRecordsError as exc:
+                raise KafkaReadError(f"{part.topic}/{part.partition} at offset {position}: {exc}") from exc
+            for lo in range(0, len(records.offsets), self._max_batch):
+                hi = min(lo + self._max_batch, len(records.offsets))
+                yield MessageBatch(part.topic, part.partition, records.offsets[lo:hi], records.payloads.slice(lo, hi))
+            if records.next_offset > position:  # records, or only control batches passed over
+                stall.progressed()
+                position = records.next_offset
+            else:
+                stall.check(position)
+
+    def _fetch_once(self, part: PartitionRange, position: int) -> bytes:
+        """The ``records`` bytes of one Fetch request for ``part`` at ``position`` (kafka-python errors raised)."""
+        from kafka.errors import for_code
+        from kafka.protocol.consumer.fetch import FetchRequest
+
+        topic = FetchRequest.FetchTopic(topic=part.topic, partitions=[FetchRequest.FetchTopic.FetchPartition(
+            partition=part.partition, current_leader_epoch=-1, fetch_offset=position, last_fetched_epoch=-1,
+            log_start_offset=-1, partition_max_bytes=self._partition_bytes)])
+        request = FetchRequest(max_wait_ms=_FETCH_WAIT_MS, min_bytes=1, max_bytes=self._partition_bytes,
+                               isolation_level=0, session_id=0, session_epoch=-1, topics=[topic],
+                               forgotten_topics_data=[], rack_id="", min_version=4, max_version=12)
+        response = self._client.send_and_receive(self._leader(part), request, timeout_ms=self._timeout_ms)
+        [answer] = [p for t in response.responses for p in t.partitions]
+        if answer.error_code:
+            error = for_code(answer.error_code)
+            if error.invalid_metadata:
+                self._client.cluster.request_update()
+            raise error()
+        return answer.records or b""
+
+    def _leader(self, part: PartitionRange) -> int:
+        """The node that leads ``part`` (metadata fetched on first use and when it proves stale)."""
+        from kafka import TopicPartition
+        from kafka.errors import LeaderNotAvailableError
+
+        cluster = self._client.cluster
+        if part.topic not in self._topics:
+            self._client.poll(timeout_ms=self._timeout_ms, future=cluster.add_topic(part.topic))
+            self._topics.add(part.topic)
+        leader = cluster.leader_for_partition(TopicPartition(part.topic, part.partition))
+        if leader is None or leader < 0:
+            self._client.poll(timeout_ms=self._timeout_ms, future=cluster.request_update())
+            raise LeaderNotAvailableError(f"no leader known for {part.topic}/{part.partition}")
+        return int(leader)
 
     def close(self) -> None:
-        self._consumer.close()
+        self._client.close()
 
 
 class PartitionPoller:
@@ -250,6 +305,8 @@ class ConfluentFetcher:
                               "pip install -e '.[kafka-fast]' or use --kafka-backend kafka-python") from exc
         conf: dict[str, Any] = {**connection.librdkafka(), "group.id": "gem-pipelines-reader",
                                 "enable.auto.commit": False, "enable.auto.offset.store": False,
+                                # An offset gone from the log is an error, never a jump to either end.
+                                "auto.offset.reset": "error",
                                 "enable.partition.eof": True, "fetch.max.bytes": 64 << 20,
                                 "max.partition.fetch.bytes": 8 << 20, "check.crcs": False,
                                 # Prefetch is bounded by bytes only: with the default queued.min.messages
@@ -276,6 +333,8 @@ class ConfluentFetcher:
             if any(m.error() is not None for m in messages):
                 for m in messages:
                     error = m.error()
+                    if error is not None and error.code() == KafkaError._AUTO_OFFSET_RESET:
+                        raise KafkaReadError(f"{part.topic}/{part.partition} at offset {position}: {error.str()}")
                     if error is not None and error.code() != KafkaError._PARTITION_EOF:
                         log.warning("%s/%s: %s", part.topic, part.partition, error)
                 messages = [m for m in messages if m.error() is None]

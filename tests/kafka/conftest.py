@@ -74,17 +74,20 @@ def make_topic(kafka: KafkaConnection) -> Iterator[MakeTopic]:
 
 
 def produce(connection: KafkaConnection, topic: str, values: Sequence[bytes], *, keys: Sequence[bytes | None] = (),
-            partition: int | None = None, timestamps_ms: Sequence[int] = ()) -> None:
-    """Write ``values`` (acks=all) and wait for every acknowledgement."""
+            partition: int | None = None, timestamps_ms: Sequence[int] = (), compression: str | None = None,
+            headers: Sequence[tuple[str, bytes]] = (), batch_each: bool = False) -> None:
+    """Write ``values`` (acks=all) and wait for every acknowledgement; ``batch_each``: one record per batch."""
     from kafka import KafkaProducer
 
-    producer = KafkaProducer(**connection.kafka_python(), acks="all", linger_ms=5)
+    producer = KafkaProducer(**connection.kafka_python(), acks="all", linger_ms=5, compression_type=compression)
     try:
-        futures = [
-            producer.send(topic, value=v, key=keys[i] if keys else None, partition=partition,
-                          timestamp_ms=timestamps_ms[i] if timestamps_ms else None)
-            for i, v in enumerate(values)
-        ]
+        futures = []
+        for i, v in enumerate(values):
+            futures.append(producer.send(topic, value=v, key=keys[i] if keys else None, partition=partition,
+                                         timestamp_ms=timestamps_ms[i] if timestamps_ms else None,
+                                         headers=list(headers) or None))
+            if batch_each:
+                producer.flush()
         producer.flush()
         for f in futures:
             f.get(timeout=30)

@@ -8,7 +8,7 @@ import pytest
 
 from pipelines.features.parse import parse_json_lines
 from pipelines.kafka.config import KafkaConnection
-from pipelines.kafka.consume import BACKENDS, decode_batch, open_fetcher, open_lookup
+from pipelines.kafka.consume import BACKENDS, KafkaReadError, decode_batch, open_fetcher, open_lookup
 from pipelines.kafka.produce import DeliveryError, KafkaSink, open_sink
 from pipelines.kafka.ranges import PartitionRange, Position, resolve_ranges, split_ranges
 from tests.features.factories import T0, line
@@ -60,6 +60,48 @@ def test_round_trip_by_offsets_and_splits(kafka: KafkaConnection, make_topic: Ma
     middle = _ranges(kafka, topic, "10", "30")
     assert [(r.start, r.stop) for r in middle] == [(10, 30)] * 3
     assert sorted(_read(kafka, middle, backend)) == [(p, o) for p in range(3) for o in range(10, 30)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_compressed_single_record_and_header_batches(kafka: KafkaConnection, make_topic: MakeTopic,
+                                                     backend: str) -> None:
+    """Batches the columnar parser must not take for JSON-without-headers read alike on both backends."""
+    topic = make_topic(partitions=1)
+    values = [line(event_id=f"b{i}", user_id=i) for i in range(40)]
+    produce(kafka, topic, values[:15], partition=0, compression="gzip")
+    produce(kafka, topic, values[15:20], partition=0, batch_each=True)
+    produce(kafka, topic, values[20:30], partition=0, headers=[("trace", b"}\x00")])
+    produce(kafka, topic, [b"", *values[30:]], partition=0, keys=[b"}"] * 11)
+    got = _read(kafka, _ranges(kafka, topic, "earliest", "latest"), backend, max_batch=7)
+    assert [got[(0, o)] for o in range(41)] == [*values[:30], b"", *values[30:]]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_offsets_gone_from_the_log_fail_the_read(kafka: KafkaConnection, make_topic: MakeTopic, backend: str) -> None:
+    """A range whose start retention (here delete_records) removed is an error, never a silent skip."""
+    from kafka import TopicPartition
+    from kafka.admin import KafkaAdminClient
+
+    topic = make_topic(partitions=1)
+    produce(kafka, topic, [line(event_id=f"g{i}") for i in range(10)], partition=0)
+    admin = KafkaAdminClient(**kafka.kafka_python())
+    try:
+        admin.delete_records({TopicPartition(topic, 0): 5})
+    finally:
+        admin.close()
+    with pytest.raises(KafkaReadError, match=f"{topic}/0"):
+        _read(kafka, [PartitionRange(topic, 0, 0, 10)], backend)
+    assert sorted(_read(kafka, [PartitionRange(topic, 0, 5, 10)], backend)) == [(0, o) for o in range(5, 10)]
+
+
+def test_an_unreachable_broker_fails_the_read_after_the_stall_limit() -> None:
+    nobody = KafkaConnection(bootstrap_servers=("127.0.0.1:1",))
+    fetcher = open_fetcher(nobody, "kafka-python", stall_s=1)
+    try:
+        with pytest.raises(KafkaReadError, match="no progress"):
+            list(fetcher.fetch(PartitionRange("t", 0, 0, 10)))
+    finally:
+        fetcher.close()
 
 
 def test_round_trip_by_time(kafka: KafkaConnection, make_topic: MakeTopic) -> None:
@@ -134,7 +176,8 @@ def test_sink_to_a_missing_topic_fails_loudly(kafka: KafkaConnection) -> None:
         sink.close()
 
 
-def test_sasl_plaintext_listener(kafka_sasl: KafkaConnection, make_topic: MakeTopic) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sasl_plaintext_listener(kafka_sasl: KafkaConnection, make_topic: MakeTopic, backend: str) -> None:
     topic = make_topic(partitions=1)
     sink = open_sink(kafka_sasl, topic)
     try:
@@ -142,7 +185,7 @@ def test_sasl_plaintext_listener(kafka_sasl: KafkaConnection, make_topic: MakeTo
         assert sink.flush() == 10
     finally:
         sink.close()
-    got = _read(kafka_sasl, _ranges(kafka_sasl, topic, "earliest", "latest"), "confluent")
+    got = _read(kafka_sasl, _ranges(kafka_sasl, topic, "earliest", "latest"), backend)
     assert len(got) == 10
 
 

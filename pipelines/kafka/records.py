@@ -1,0 +1,281 @@
+"""Kafka record batches (the log's v2 format) → offsets and payloads, one fetch response at a time.
+
+kafka-python's consumer makes a Python object of every record (~10 µs each);
+:func:`parse_records` reads a whole fetch response with a few numpy passes:
+
+1. batch headers are read one by one (a response holds a few batches of
+   thousands of records each); control batches are skipped, compressed ones
+   inflated with kafka-python's codecs, legacy (v0/v1) ones handed to
+   kafka-python's own reader;
+2. record boundaries: each record starts with its length (a zigzag varint), so
+   finding them is a walk. The walk is *guessed* in one numpy pass, from where
+   a JSON value closes (``}``) right before a zero header count, and the guess
+   is then *verified*: decoding every guessed record's length must lead exactly
+   from one guessed start to the next and end where the batch ends, which is
+   the walk itself. A batch the guess does not fit (headers, other payloads) is
+   walked in Python, record by record: slower, same answer;
+3. the fields before each value (attributes, timestamp and offset deltas, key)
+   are decoded for all records at once;
+4. the payloads stay where they are: one copy of the response from its first
+   to its last value, with the byte after each value (the record's header
+   count) set to ``\\n`` and every other byte between two values (record and
+   batch headers, keys) set to a space, is a :class:`Payloads` that Arrow's
+   JSON reader takes as it is.
+
+CRCs are not checked (neither did the consumer, ``check_crcs=False``); a batch
+whose structure does not add up raises :class:`CorruptRecordsError`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipelines.errors import PipelinesError
+from pipelines.kafka.decode import Payloads
+
+__all__ = ["CorruptRecordsError", "Records", "parse_records"]
+
+#: baseOffset, batchLength, partitionLeaderEpoch, magic, crc, attributes, lastOffsetDelta,
+#: baseTimestamp, maxTimestamp, producerId, producerEpoch, baseSequence, recordsCount.
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+#: baseOffset and batchLength (the length of what follows them), in every format.
+_ENTRY = struct.Struct(">qi")
+_LOG_OVERHEAD = _ENTRY.size
+_MAGIC_AT = 16
+_CONTROL = 0x20
+_CODEC = 0x07
+_CLOSE, _ZERO = ord("}"), 0
+
+
+class CorruptRecordsError(PipelinesError):
+    """A record batch whose lengths do not add up (a broken broker response or log)."""
+
+
+@dataclass(frozen=True)
+class Records:
+    """The records of a response at offsets ``[start, stop)``: ``offsets`` ``(n,)`` int64, their payloads
+    (a null value is an empty payload), and ``next_offset``, where the next fetch starts (past the
+    last complete batch, control batches included)."""
+
+    offsets: np.ndarray
+    payloads: Payloads
+    next_offset: int
+
+
+@dataclass(frozen=True)
+class _Segment:
+    """Values in one buffer: value ``i`` is ``buffer[starts[i] : starts[i] + lengths[i]]``."""
+
+    buffer: bytes
+    offsets: np.ndarray
+    starts: np.ndarray
+    lengths: np.ndarray
+
+    def keep(self, start: int, stop: int) -> _Segment:
+        mask = (self.offsets >= start) & (self.offsets < stop)
+        if mask.all():
+            return self
+        return _Segment(self.buffer, self.offsets[mask], self.starts[mask], self.lengths[mask])
+
+
+def parse_records(buffer: bytes, start: int, stop: int) -> Records:
+    """The records of a fetch response's ``records`` bytes whose offsets lie in ``[start, stop)``.
+
+    A trailing incomplete batch (the broker cuts responses at the byte limit) is
+    left for the next fetch; ``next_offset`` is never below ``start``.
+    """
+    segments, next_offset = _segments(buffer, start)
+    kept = [s for s in (seg.keep(start, stop) for seg in segments) if len(s.offsets)]
+    offsets = np.concatenate([s.offsets for s in kept]) if kept else np.zeros(0, np.int64)
+    return Records(offsets, Payloads.concat([_payloads(s) for s in kept]), next_offset)
+
+
+def _segments(buffer: bytes, start: int) -> tuple[list[_Segment], int]:
+    """Values of every complete batch in offset order (plain batches of ``buffer`` as one segment), and
+    the offset after the last complete batch."""
+    raw = np.frombuffer(buffer, dtype=np.uint8)
+    closers: np.ndarray | None = None  # found once per buffer, when a plain batch needs them
+    segments: list[_Segment] = []
+    pos, next_offset = 0, start
+    while pos + _MAGIC_AT < len(buffer):
+        base, length = _ENTRY.unpack_from(buffer, pos)
+        end = pos + _LOG_OVERHEAD + length
+        if end > len(buffer):
+            break
+        if buffer[pos + _MAGIC_AT] < 2:  # a legacy message; its offset is its last inner record's
+            segments.append(_legacy(buffer[pos:end]))
+            next_offset = max(next_offset, base + 1)
+            pos = end
+            continue
+        if end - pos < _HEADER.size:
+            raise CorruptRecordsError(f"the batch at offset {base} is shorter than its header")
+        *_, attributes, last_delta, _, _, _, _, _, count = _HEADER.unpack_from(buffer, pos)
+        if not attributes & _CONTROL and count > 0:
+            if attributes & _CODEC:
+                inflated = _inflate(attributes & _CODEC, buffer[pos + _HEADER.size : end])
+                flat = np.frombuffer(inflated, np.uint8)
+                segments.append(_values(inflated, flat, _closers(flat), 0, len(inflated), base, count))
+            else:
+                closers = _closers(raw) if closers is None else closers
+                segments.append(_values(buffer, raw, closers, pos + _HEADER.size, end, base, count))
+        next_offset = max(next_offset, base + last_delta + 1)
+        pos = end
+    return _merged(segments), next_offset
+
+
+def _closers(raw: np.ndarray) -> np.ndarray:
+    """Where a ``}`` is followed by a zero byte: a JSON value's end before a record's zero header count."""
+    braces = np.flatnonzero(raw[:-1] == _CLOSE)
+    return braces[raw[braces + 1] == _ZERO]
+
+
+def _merged(segments: list[_Segment]) -> list[_Segment]:
+    """Runs of segments in the same buffer (a response's plain batches) joined into one each."""
+    runs = itertools.groupby(segments, key=lambda s: id(s.buffer))
+    return [
+        run[0] if len(run) == 1 else _Segment(
+            run[0].buffer, *(np.concatenate(parts) for parts in ([s.offsets for s in run], [s.starts for s in run],
+                                                                 [s.lengths for s in run])))
+        for run in (list(group) for _, group in runs)
+    ]
+
+
+def _values(buffer: bytes, raw: np.ndarray, closers: np.ndarray | None, begin: int, end: int, base: int,
+            count: int) -> _Segment:
+    """The ``count`` records laid in ``buffer[begin:end]``: their offsets and where their values are."""
+    bodies, sizes = _guess(raw, closers, begin, end, count)
+    if bodies is None or sizes is None:
+        bodies, sizes = _walk(buffer, begin, end, count)
+    at = bodies + 1  # the attributes byte
+    at += _varints(raw, at, 10)[1]  # timestampDelta
+    offset_delta, n = _varints(raw, at, 5)
+    at += n
+    key_length, n = _varints(raw, at, 5)
+    at += n + np.maximum(key_length, 0)
+    value_length, n = _varints(raw, at, 5)
+    at += n
+    value_length = np.maximum(value_length, 0)  # null (-1) → an empty payload
+    # The byte after each value (the header count) becomes its separator, so it must lie in its record.
+    if ((at + value_length) >= bodies + sizes).any():
+        raise CorruptRecordsError(f"a record's value runs past its end in the batch at offset {base}")
+    return _Segment(buffer, base + offset_delta, at, value_length)
+
+
+def _guess(raw: np.ndarray, closers: np.ndarray | None, begin: int, end: int,
+           count: int) -> tuple[np.ndarray, np.ndarray] | tuple[None, None]:
+    """(bodies, sizes) of the records if each ends with ``}`` + a zero header count, else (None, None)."""
+    if closers is None:
+        return None, None
+    ends = closers[np.searchsorted(closers, begin) : np.searchsorted(closers, end - 1)] + 2
+    if len(ends) != count or ends[-1] != end:
+        return None, None
+    starts = np.concatenate([[begin], ends[:-1]])
+    sizes, n = _varints(raw, starts, 5)
+    bodies = starts + n
+    if not np.array_equal(bodies + sizes, ends):
+        return None, None
+    return bodies, sizes
+
+
+def _walk(buffer: bytes, begin: int, end: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """(bodies, sizes) of the records by reading each one's length in turn."""
+    bodies, sizes = [0] * count, [0] * count
+    pos = begin
+    for i in range(count):
+        value = shift = 0
+        while True:
+            if pos >= end:
+                raise CorruptRecordsError(f"record {i} of {count} runs past its batch")
+            byte = buffer[pos]
+            pos += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                break
+        size = (value >> 1) ^ -(value & 1)
+        if size < 0:
+            raise CorruptRecordsError(f"record {i} of {count} has a negative length")
+        bodies[i], sizes[i] = pos, size
+        pos += size
+    if pos != end:
+        raise CorruptRecordsError(f"{count} records fill {pos - begin} bytes of a {end - begin}-byte batch")
+    return np.asarray(bodies, np.int64), np.asarray(sizes, np.int64)
+
+
+def _varints(raw: np.ndarray, at: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(values, sizes) of the zigzag varints starting at ``at`` (at most ``width`` bytes each).
+
+    Byte ``k`` is read only for the varints still going after ``k`` bytes (most are one or two long).
+    """
+    last = len(raw) - 1
+    byte = raw[np.minimum(at, last)]
+    value = (byte & 0x7F).astype(np.int64)
+    size = np.ones(len(at), np.int64)
+    going = np.flatnonzero(byte >= 0x80)
+    for k in range(1, width + 1):
+        if not len(going):
+            break
+        if k == width:
+            raise CorruptRecordsError(f"a varint is longer than {width} bytes")
+        byte = raw[np.minimum(at[going] + k, last)]
+        value[going] |= (byte & 0x7F).astype(np.int64) << (7 * k)
+        size[going] += 1
+        going = going[byte >= 0x80]
+    if (at + size > len(raw)).any():
+        raise CorruptRecordsError("a varint runs past its record")
+    bits = value.view(np.uint64)
+    return ((bits >> np.uint64(1)) ^ (np.uint64(0) - (bits & np.uint64(1)))).view(np.int64), size
+
+
+def _payloads(segment: _Segment) -> Payloads:
+    """The segment's values as Payloads, in one copy: separators after them, blanks between them."""
+    if not len(segment.starts):
+        return Payloads.from_list([])
+    first = int(segment.starts[0])
+    starts = segment.starts - first
+    seps = starts + segment.lengths
+    region = bytearray(memoryview(segment.buffer)[first : first + int(seps[-1]) + 1])
+    view = np.frombuffer(region, np.uint8)
+    gap_starts, gap_lengths = seps[:-1] + 1, starts[1:] - seps[:-1] - 1
+    if (gap_lengths < 0).any():
+        raise CorruptRecordsError("record values overlap")
+    total = int(gap_lengths.sum())
+    if total:
+        before = np.cumsum(gap_lengths) - gap_lengths
+        view[np.repeat(gap_starts - before, gap_lengths) + np.arange(total)] = ord(" ")
+    view[seps] = ord("\n")
+    return Payloads(bytes(region), starts, segment.lengths)
+
+
+def _inflate(codec: int, data: bytes) -> bytes:
+    """A compressed batch's records, with the codec kafka-python uses for it."""
+    from kafka import codec as codecs
+
+    inflate = {1: codecs.gzip_decode, 2: codecs.snappy_decode, 3: codecs.lz4_decode, 4: codecs.zstd_decode}
+    available = {1: codecs.has_gzip, 2: codecs.has_snappy, 3: codecs.has_lz4, 4: codecs.has_zstd}
+    names = {1: "gzip", 2: "snappy (python-snappy)", 3: "lz4", 4: "zstd (zstandard)"}
+    if codec not in inflate:
+        raise CorruptRecordsError(f"unknown compression codec {codec}")
+    if not available[codec]():
+        raise CorruptRecordsError(f"the topic holds {names[codec]}-compressed batches: pip install "
+                                  f"{names[codec].split(' ')[-1].strip('()')}")
+    return bytes(inflate[codec](data))
+
+
+def _legacy(batch: bytes) -> _Segment:
+    """A v0/v1 message set, read by kafka-python's own record reader (one Python object per record)."""
+    from kafka.record import MemoryRecords
+
+    offsets: list[int] = []
+    values: list[bytes] = []
+    records = MemoryRecords(batch)
+    while (legacy := records.next_batch()) is not None:
+        for record in legacy:
+            offsets.append(record.offset)
+            values.append(bytes(record.value) if record.value is not None else b"")
+    joined = Payloads.from_list(values)
+    return _Segment(joined.data, np.asarray(offsets, np.int64), joined.starts, joined.lengths)
