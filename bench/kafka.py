@@ -5,15 +5,22 @@ One topic of generator events (JSON wire format) is read end to end by
   apt-get when missing),
 - the project's reader with each backend (kafka-python, confluent): fetch the
   partition ranges and decode every batch into EVENT tables + dead letters,
-  exactly what ReadEventsFromKafka does inside Beam.
-Each is run REPEAT times alternately; the best of each counts. Produce
-throughput of the delivery-confirming sinks (acks=all) is printed too.
-ratio = best project backend msg/s / kcat msg/s (target 0.5).
+  exactly what ReadEventsFromKafka does inside Beam; once in this process (one
+  worker), and once in READERS processes that each take their share of the
+  partition ranges, as Beam's workers do (``--direct-num-workers``, or a
+  Flink/Dataflow job's parallelism).
+Each is run REPEAT times alternately; the best of each counts. Beside each rate
+the CPU it cost per message is printed: the reader's processes (all their
+threads, librdkafka's included) and the broker's JVM (from /proc), since the
+broker shares this machine's cores with whoever reads. Produce throughput of
+the delivery-confirming sinks (acks=all) is printed too.
+ratio = best project configuration msg/s / kcat msg/s (target 0.5).
 
 Scale matters: kcat's fixed start (connect, metadata) weighs on the QUICK topic
 (0.3M messages, kcat ~0.4M msg/s here) but not on the full one (2.1M messages,
-kcat ~1.3M msg/s), while the project's reader is CPU-bound (JSON → Arrow ~2 µs
-per message plus ~2 µs of fetching on a shared 2-core machine) at any size.
+kcat ~0.8-1.3M msg/s), while the project's reader is CPU-bound at any size
+(~4 µs of CPU per message with kafka-python, over half of it Arrow's JSON
+reader), so on a 2-core machine two readers are what the cores allow.
 """
 
 from __future__ import annotations
@@ -25,6 +32,11 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from functools import partial
+from pathlib import Path
+from typing import NamedTuple
 
 # This script's folder must not be on the path: it would shadow the kafka-python package.
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -40,6 +52,8 @@ from pipelines.kafka.ranges import PartitionRange, Position, resolve_ranges  # n
 BOOTSTRAP = os.environ.get("GEM_KAFKA_BOOTSTRAP", DEFAULT_BOOTSTRAP)
 PARTITIONS = 4
 REPEAT = 2 if QUICK else 3
+READERS = min(PARTITIONS, os.cpu_count() or 1)
+BROKER_PID = Path(__file__).resolve().parent.parent / ".cache" / "kafka" / "kafka.pid"
 
 
 def ensure_kcat() -> str:
@@ -85,7 +99,16 @@ def ranges_of(connection: KafkaConnection, topic: str) -> list[PartitionRange]:
         lookup.close()
 
 
-def consume_to_arrow(connection: KafkaConnection, ranges: list[PartitionRange], backend: str) -> tuple[int, int]:
+class Read(NamedTuple):
+    """One reader's count of what it read, and the CPU seconds its process spent on it."""
+
+    events: int
+    dead: int
+    cpu_s: float
+
+
+def consume_to_arrow(connection: KafkaConnection, ranges: list[PartitionRange], backend: str) -> Read:
+    cpu = time.process_time()  # the whole process: prefetch and librdkafka threads included
     fetcher = open_fetcher(connection, backend, max_batch=20_000)
     events = dead = 0
     try:
@@ -96,7 +119,32 @@ def consume_to_arrow(connection: KafkaConnection, ranges: list[PartitionRange], 
                 dead += decoded.dead_letters.num_rows
     finally:
         fetcher.close()
-    return events, dead
+    return Read(events, dead, time.process_time() - cpu)
+
+
+def consume_parallel(pool: ProcessPoolExecutor, connection: KafkaConnection, ranges: list[PartitionRange],
+                     backend: str) -> Read:
+    """Every range read once, by READERS processes that each take every READERS-th range."""
+    shares = [ranges[i::READERS] for i in range(READERS)]
+    reads = list(pool.map(consume_to_arrow, [connection] * READERS, shares, [backend] * READERS))
+    return Read(sum(r.events for r in reads), sum(r.dead for r in reads), sum(r.cpu_s for r in reads))
+
+
+def broker_cpu_s() -> float:
+    """CPU seconds the project's broker has used so far (0 when its pid is unknown, e.g. a remote cluster)."""
+    try:
+        fields = Path(f"/proc/{int(BROKER_PID.read_text())}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, ValueError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def cpu_of(fn: Callable[[], Read | None]) -> tuple[Read | None, float, float, float]:
+    """(what fn returned, wall s, its CPU s, the broker's CPU s): kcat's CPU is its child process's."""
+    children, broker = os.times().children_user + os.times().children_system, broker_cpu_s()
+    value, wall = timed(fn)
+    cpu = value.cpu_s if value is not None else os.times().children_user + os.times().children_system - children
+    return value, wall, cpu, broker_cpu_s() - broker
 
 
 def kcat_to_null(kcat: str, topic: str) -> None:
@@ -124,18 +172,8 @@ def main() -> None:
         ranges = ranges_of(connection, topic)
     n = sum(r.size for r in ranges)
 
-    best: dict[str, float] = {}
-    for rep in range(REPEAT):
-        runs: dict[str, float] = {}
-        _, runs["kcat"] = timed(lambda: kcat_to_null(kcat, topic))
-        for backend in BACKENDS:
-            (events, dead), runs[backend] = timed(lambda b=backend: consume_to_arrow(connection, ranges, b))
-            assert events + dead == n, f"{backend} read {events + dead} of {n}"
-        best = {k: min(best.get(k, float("inf")), v) for k, v in runs.items()}
-        print(f"run {rep + 1}/{REPEAT}: " + "  ".join(f"{k} {n / v / 1e3:.0f}k msg/s" for k, v in runs.items()),
-              flush=True)
-    rates = {k: n / v for k, v in best.items()}
-
+    runs = measure_consume(connection, kcat, topic, ranges)
+    rates = {name: n / run.wall_s for name, run in runs.items()}
     produce_n = min(total, 20_000 if QUICK else 100_000)
     produce_rates = {}
     for backend in BACKENDS:
@@ -146,18 +184,48 @@ def main() -> None:
         produce_rates[backend] = acked / (time.perf_counter() - started)
         _delete(connection, scratch)
 
-    print(f"messages: {n} in {PARTITIONS} partitions ({users} users)")
-    for name, rate in rates.items():
+    print(f"messages: {n} in {PARTITIONS} partitions ({users} users); CPU in us per message")
+    for name, run in runs.items():
         what = "to /dev/null" if name == "kcat" else "to Arrow (fetch + decode)"
-        print(f"consume {name:>12} {what}: {rate / 1e3:8.1f} k msg/s")
+        print(f"consume {name:>15} {what:<25}: {rates[name] / 1e3:8.1f} k msg/s   "
+              f"CPU reader {run.cpu_s / n * 1e6:5.2f}  broker {run.broker_s / n * 1e6:5.2f}")
     for name, rate in produce_rates.items():
-        print(f"produce {name:>12} (acks=all, confirmed): {rate / 1e3:8.1f} k msg/s")
-    project = max(BACKENDS, key=lambda b: rates[b])
+        print(f"produce {name:>15} (acks=all, confirmed): {rate / 1e3:8.1f} k msg/s")
+    project = max((name for name in runs if name != "kcat"), key=lambda name: rates[name])
     result("kafka", rates[project] / rates["kcat"], 0.5,
            f"consume->Arrow {project} {rates[project] / 1e3:.0f}k msg/s "
-           f"(kafka-python {rates['kafka-python'] / 1e3:.0f}k) vs kcat {rates['kcat'] / 1e3:.0f}k msg/s; "
+           f"(one kafka-python reader {rates['kafka-python'] / 1e3:.0f}k) vs kcat {rates['kcat'] / 1e3:.0f}k msg/s; "
            f"produce kafka-python {produce_rates['kafka-python'] / 1e3:.1f}k, "
            f"confluent {produce_rates['confluent'] / 1e3:.0f}k msg/s; {n} messages")
+
+
+class Measured(NamedTuple):
+    wall_s: float
+    cpu_s: float
+    broker_s: float
+
+
+def measure_consume(connection: KafkaConnection, kcat: str, topic: str,
+                    ranges: list[PartitionRange]) -> dict[str, Measured]:
+    """kcat and each reader configuration, REPEAT times alternately: the fastest run of each."""
+    n = sum(r.size for r in ranges)
+    readers: dict[str, Callable[[], Read | None]] = {"kcat": lambda: kcat_to_null(kcat, topic)}
+    with ProcessPoolExecutor(READERS) as pool:
+        list(pool.map(time.sleep, [0.0] * READERS))  # the workers exist before the first timed run
+        for backend in BACKENDS:
+            readers[backend] = partial(consume_to_arrow, connection, ranges, backend)
+            readers[f"{backend} x{READERS}"] = partial(consume_parallel, pool, connection, ranges, backend)
+        best: dict[str, Measured] = {}
+        for rep in range(REPEAT):
+            line = []
+            for name, read in readers.items():
+                got, wall, cpu, broker = cpu_of(read)
+                assert got is None or got.events + got.dead == n, f"{name} read {got} of {n} messages"
+                if name not in best or wall < best[name].wall_s:
+                    best[name] = Measured(wall, cpu, broker)
+                line.append(f"{name} {n / wall / 1e3:.0f}k")
+            print(f"run {rep + 1}/{REPEAT} (msg/s): " + "  ".join(line), flush=True)
+    return best
 
 
 def _delete(connection: KafkaConnection, topic: str) -> None:
