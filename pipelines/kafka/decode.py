@@ -354,7 +354,9 @@ def _stream(
     try:
         reader = pj.open_json(
             pa.BufferReader(buffer.slice(begin, end - begin)),
-            read_options=pj.ReadOptions(use_threads=True, block_size=block),
+            # One thread: readers run one per core (Beam workers), and two readers with Arrow's
+            # threads on read 10-20% slower on two cores than without (bench/kafka.py, 2026-12-03).
+            read_options=pj.ReadOptions(use_threads=False, block_size=block),
             parse_options=_PARSE_OPTIONS,
         )
         for batch in reader:
