@@ -135,21 +135,19 @@ def _closers(raw: np.ndarray) -> np.ndarray:
 
 def _merged(segments: list[_Segment]) -> list[_Segment]:
     """Runs of segments in the same buffer (a response's plain batches) joined into one each."""
-    runs = itertools.groupby(segments, key=lambda s: id(s.buffer))
-    return [
-        run[0] if len(run) == 1 else _Segment(
-            run[0].buffer, *(np.concatenate(parts) for parts in ([s.offsets for s in run], [s.starts for s in run],
-                                                                 [s.lengths for s in run])))
-        for run in (list(group) for _, group in runs)
-    ]
+    merged = []
+    for _, group in itertools.groupby(segments, key=lambda s: id(s.buffer)):
+        run = list(group)
+        merged.append(run[0] if len(run) == 1 else _Segment(
+            run[0].buffer, np.concatenate([s.offsets for s in run]), np.concatenate([s.starts for s in run]),
+            np.concatenate([s.lengths for s in run])))
+    return merged
 
 
-def _values(buffer: bytes, raw: np.ndarray, closers: np.ndarray | None, begin: int, end: int, base: int,
+def _values(buffer: bytes, raw: np.ndarray, closers: np.ndarray, begin: int, end: int, base: int,
             count: int) -> _Segment:
     """The ``count`` records laid in ``buffer[begin:end]``: their offsets and where their values are."""
-    bodies, sizes = _guess(raw, closers, begin, end, count)
-    if bodies is None or sizes is None:
-        bodies, sizes = _walk(buffer, begin, end, count)
+    bodies, sizes = _guess(raw, closers, begin, end, count) or _walk(buffer, begin, end, count)
     at = bodies + 1  # the attributes byte
     at += _varints(raw, at, 10)[1]  # timestampDelta
     offset_delta, n = _varints(raw, at, 5)
@@ -165,19 +163,17 @@ def _values(buffer: bytes, raw: np.ndarray, closers: np.ndarray | None, begin: i
     return _Segment(buffer, base + offset_delta, at, value_length)
 
 
-def _guess(raw: np.ndarray, closers: np.ndarray | None, begin: int, end: int,
-           count: int) -> tuple[np.ndarray, np.ndarray] | tuple[None, None]:
-    """(bodies, sizes) of the records if each ends with ``}`` + a zero header count, else (None, None)."""
-    if closers is None:
-        return None, None
+def _guess(raw: np.ndarray, closers: np.ndarray, begin: int, end: int,
+           count: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(bodies, sizes) of the records if each ends with ``}`` + a zero header count, else None."""
     ends = closers[np.searchsorted(closers, begin) : np.searchsorted(closers, end - 1)] + 2
     if len(ends) != count or ends[-1] != end:
-        return None, None
+        return None
     starts = np.concatenate([[begin], ends[:-1]])
     sizes, n = _varints(raw, starts, 5)
     bodies = starts + n
     if not np.array_equal(bodies + sizes, ends):
-        return None, None
+        return None
     return bodies, sizes
 
 
