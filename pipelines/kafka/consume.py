@@ -294,7 +294,8 @@ class PartitionPoller:
 
 
 class ConfluentFetcher:
-    """confluent-kafka (librdkafka) consumer: the optional faster backend, same batches."""
+    """confluent-kafka (librdkafka) consumer: the optional backend, same batches (slower into Arrow than the
+    kafka-python fetcher, which makes no Python object per message; its sink is the fast one)."""
 
     def __init__(self, connection: KafkaConnection, *, max_batch: int = 20_000, stall_s: float = DEFAULT_STALL_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
