@@ -27,7 +27,7 @@ from pipelines.features.parse import ParseResult
 from pipelines.kafka.config import KafkaConnection
 from pipelines.kafka.decode import Payloads, decode_events
 from pipelines.kafka.ranges import PartitionRange
-from pipelines.kafka.records import CorruptRecordsError, parse_records
+from pipelines.kafka.records import RecordsError, parse_records
 
 __all__ = [
     "BACKENDS",
@@ -201,7 +201,7 @@ class KafkaPythonFetcher:
                 stall.check(position)
                 time.sleep(_RETRY_S)
                 continue
-            except CorruptRecordsError as exc:
+            except RecordsError as exc:
                 raise KafkaReadError(f"{part.topic}/{part.partition} at offset {position}: {exc}") from exc
             for lo in range(0, len(records.offsets), self._max_batch):
                 hi = min(lo + self._max_batch, len(records.offsets))

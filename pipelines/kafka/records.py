@@ -23,7 +23,7 @@ kafka-python's consumer makes a Python object of every record (~10 µs each);
    JSON reader takes as it is.
 
 CRCs are not checked (neither did the consumer, ``check_crcs=False``); a batch
-whose structure does not add up raises :class:`CorruptRecordsError`.
+whose structure does not add up raises :class:`RecordsError`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import numpy as np
 from pipelines.errors import PipelinesError
 from pipelines.kafka.decode import Payloads
 
-__all__ = ["CorruptRecordsError", "Records", "parse_records"]
+__all__ = ["Records", "RecordsError", "parse_records"]
 
 #: baseOffset, batchLength, partitionLeaderEpoch, magic, crc, attributes, lastOffsetDelta,
 #: baseTimestamp, maxTimestamp, producerId, producerEpoch, baseSequence, recordsCount.
@@ -51,8 +51,9 @@ _CODEC = 0x07
 _CLOSE, _ZERO = ord("}"), 0
 
 
-class CorruptRecordsError(PipelinesError):
-    """A record batch whose lengths do not add up (a broken broker response or log)."""
+class RecordsError(PipelinesError):
+    """Records this reader cannot read: lengths that do not add up (a broken response or log), or a
+    compression codec whose Python package is missing."""
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ def _segments(buffer: bytes, start: int) -> tuple[list[_Segment], int]:
             pos = end
             continue
         if end - pos < _HEADER.size:
-            raise CorruptRecordsError(f"the batch at offset {base} is shorter than its header")
+            raise RecordsError(f"the batch at offset {base} is shorter than its header")
         *_, attributes, last_delta, _, _, _, _, _, count = _HEADER.unpack_from(buffer, pos)
         if not attributes & _CONTROL and count > 0:
             if attributes & _CODEC:
@@ -159,7 +160,7 @@ def _values(buffer: bytes, raw: np.ndarray, closers: np.ndarray, begin: int, end
     value_length = np.maximum(value_length, 0)  # null (-1) → an empty payload
     # The byte after each value (the header count) becomes its separator, so it must lie in its record.
     if ((at + value_length) >= bodies + sizes).any():
-        raise CorruptRecordsError(f"a record's value runs past its end in the batch at offset {base}")
+        raise RecordsError(f"a record's value runs past its end in the batch at offset {base}")
     return _Segment(buffer, base + offset_delta, at, value_length)
 
 
@@ -185,7 +186,7 @@ def _walk(buffer: bytes, begin: int, end: int, count: int) -> tuple[np.ndarray, 
         value = shift = 0
         while True:
             if pos >= end:
-                raise CorruptRecordsError(f"record {i} of {count} runs past its batch")
+                raise RecordsError(f"record {i} of {count} runs past its batch")
             byte = buffer[pos]
             pos += 1
             value |= (byte & 0x7F) << shift
@@ -194,11 +195,11 @@ def _walk(buffer: bytes, begin: int, end: int, count: int) -> tuple[np.ndarray, 
                 break
         size = (value >> 1) ^ -(value & 1)
         if size < 0:
-            raise CorruptRecordsError(f"record {i} of {count} has a negative length")
+            raise RecordsError(f"record {i} of {count} has a negative length")
         bodies[i], sizes[i] = pos, size
         pos += size
     if pos != end:
-        raise CorruptRecordsError(f"{count} records fill {pos - begin} bytes of a {end - begin}-byte batch")
+        raise RecordsError(f"{count} records fill {pos - begin} bytes of a {end - begin}-byte batch")
     return np.asarray(bodies, np.int64), np.asarray(sizes, np.int64)
 
 
@@ -216,13 +217,13 @@ def _varints(raw: np.ndarray, at: np.ndarray, width: int) -> tuple[np.ndarray, n
         if not len(going):
             break
         if k == width:
-            raise CorruptRecordsError(f"a varint is longer than {width} bytes")
+            raise RecordsError(f"a varint is longer than {width} bytes")
         byte = raw[np.minimum(at[going] + k, last)]
         value[going] |= (byte & 0x7F).astype(np.int64) << (7 * k)
         size[going] += 1
         going = going[byte >= 0x80]
     if (at + size > len(raw)).any():
-        raise CorruptRecordsError("a varint runs past its record")
+        raise RecordsError("a varint runs past its record")
     bits = value.view(np.uint64)
     return ((bits >> np.uint64(1)) ^ (np.uint64(0) - (bits & np.uint64(1)))).view(np.int64), size
 
@@ -238,7 +239,7 @@ def _payloads(segment: _Segment) -> Payloads:
     view = np.frombuffer(region, np.uint8)
     gap_starts, gap_lengths = seps[:-1] + 1, starts[1:] - seps[:-1] - 1
     if (gap_lengths < 0).any():
-        raise CorruptRecordsError("record values overlap")
+        raise RecordsError("record values overlap")
     total = int(gap_lengths.sum())
     if total:
         before = np.cumsum(gap_lengths) - gap_lengths
@@ -255,9 +256,9 @@ def _inflate(codec: int, data: bytes) -> bytes:
     available = {1: codecs.has_gzip, 2: codecs.has_snappy, 3: codecs.has_lz4, 4: codecs.has_zstd}
     names = {1: "gzip", 2: "snappy (python-snappy)", 3: "lz4", 4: "zstd (zstandard)"}
     if codec not in inflate:
-        raise CorruptRecordsError(f"unknown compression codec {codec}")
+        raise RecordsError(f"unknown compression codec {codec}")
     if not available[codec]():
-        raise CorruptRecordsError(f"the topic holds {names[codec]}-compressed batches: pip install "
+        raise RecordsError(f"the topic holds {names[codec]}-compressed batches: pip install "
                                   f"{names[codec].split(' ')[-1].strip('()')}")
     return bytes(inflate[codec](data))
 

@@ -14,7 +14,7 @@ from kafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.record.legacy_records import LegacyRecordBatchBuilder
 
 from pipelines.kafka.decode import Payloads, decode_events
-from pipelines.kafka.records import CorruptRecordsError, parse_records
+from pipelines.kafka.records import RecordsError, parse_records
 from tests.features.factories import line
 
 Record = tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]
@@ -118,5 +118,5 @@ def test_payloads_decode_like_the_same_values_laid_end_to_end() -> None:
 def test_a_record_longer_than_its_batch_is_corrupt() -> None:
     buffer = bytearray(_batch(0, [(b"k", b"abc", [])] * 2))
     buffer[61] = 0x7E  # the first record's length varint: 63 bytes, past the batch's end
-    with pytest.raises(CorruptRecordsError):
+    with pytest.raises(RecordsError):
         parse_records(bytes(buffer), 0, 10)
