@@ -31,6 +31,7 @@ from __future__ import annotations
 import itertools
 import struct
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -49,6 +50,8 @@ _MAGIC_AT = 16
 _CONTROL = 0x20
 _CODEC = 0x07
 _CLOSE, _ZERO = ord("}"), 0
+#: Smaller batches are walked in Python (a few µs), not guessed (a numpy pass and a dozen calls).
+_GUESS_FROM = 16
 
 
 class RecordsError(PipelinesError):
@@ -99,8 +102,8 @@ def _segments(buffer: bytes, start: int) -> tuple[list[_Segment], int]:
     """Values of every complete batch in offset order (plain batches of ``buffer`` as one segment), and
     the offset after the last complete batch."""
     raw = np.frombuffer(buffer, dtype=np.uint8)
-    closers: np.ndarray | None = None  # found once per buffer, when a plain batch needs them
-    segments: list[_Segment] = []
+    closers: np.ndarray | None = None  # found once per buffer, when a batch big enough to guess needs them
+    pieces: list[_Bounds | _Segment] = []
     pos, next_offset = 0, start
     while pos + _MAGIC_AT < len(buffer):
         base, length = _ENTRY.unpack_from(buffer, pos)
@@ -108,7 +111,7 @@ def _segments(buffer: bytes, start: int) -> tuple[list[_Segment], int]:
         if end > len(buffer):
             break
         if buffer[pos + _MAGIC_AT] < 2:  # a legacy message; its offset is its last inner record's
-            segments.append(_legacy(buffer[pos:end]))
+            pieces.append(_legacy(buffer[pos:end]))
             next_offset = max(next_offset, base + 1)
             pos = end
             continue
@@ -119,13 +122,15 @@ def _segments(buffer: bytes, start: int) -> tuple[list[_Segment], int]:
             if attributes & _CODEC:
                 inflated = _inflate(attributes & _CODEC, buffer[pos + _HEADER.size : end])
                 flat = np.frombuffer(inflated, np.uint8)
-                segments.append(_values(inflated, flat, _closers(flat), 0, len(inflated), base, count))
+                guess = _closers(flat) if count >= _GUESS_FROM else None
+                pieces.append(_bounds(inflated, flat, guess, 0, len(inflated), base, count))
             else:
-                closers = _closers(raw) if closers is None else closers
-                segments.append(_values(buffer, raw, closers, pos + _HEADER.size, end, base, count))
+                if count >= _GUESS_FROM and closers is None:
+                    closers = _closers(raw)
+                pieces.append(_bounds(buffer, raw, closers, pos + _HEADER.size, end, base, count))
         next_offset = max(next_offset, base + last_delta + 1)
         pos = end
-    return _merged(segments), next_offset
+    return [_fields(p) if isinstance(p, _Bounds) else p for p in _merged(pieces)], next_offset
 
 
 def _closers(raw: np.ndarray) -> np.ndarray:
@@ -134,21 +139,52 @@ def _closers(raw: np.ndarray) -> np.ndarray:
     return braces[raw[braces + 1] == _ZERO]
 
 
-def _merged(segments: list[_Segment]) -> list[_Segment]:
-    """Runs of segments in the same buffer (a response's plain batches) joined into one each."""
-    merged = []
-    for _, group in itertools.groupby(segments, key=lambda s: id(s.buffer)):
+class _Bounds(NamedTuple):  # a NamedTuple: one per batch, and a frozen dataclass costs ~3 µs to make
+    """The records of batches in ``raw`` (a view of ``buffer``): record ``i``'s body (after its length)
+    starts at ``bodies[i]`` and holds ``sizes[i]`` bytes; batch ``j`` holds ``counts[j]`` records from
+    base offset ``bases[j]``. Walked batches give lists, guessed ones arrays."""
+
+    buffer: bytes
+    raw: np.ndarray
+    bodies: list[np.ndarray | list[int]]
+    sizes: list[np.ndarray | list[int]]
+    bases: list[int]
+    counts: list[int]
+
+
+def _bounds(buffer: bytes, raw: np.ndarray, closers: np.ndarray | None, begin: int, end: int, base: int,
+            count: int) -> _Bounds:
+    """The ``count`` records laid in ``buffer[begin:end]``: guessed when ``closers`` are given, else walked."""
+    found = _guess(raw, closers, begin, end, count) if closers is not None else None
+    bodies, sizes = found or _walk(buffer, begin, end, count)
+    return _Bounds(buffer, raw, [bodies], [sizes], [base], [count])
+
+
+def _merged(pieces: list[_Bounds | _Segment]) -> list[_Bounds | _Segment]:
+    """Runs of records in the same buffer (a response's plain batches) joined, so their fields are
+    decoded and their values copied once; legacy segments stay as they are."""
+    merged: list[_Bounds | _Segment] = []
+    for _, group in itertools.groupby(pieces, key=lambda p: (type(p), id(p.buffer))):
         run = list(group)
-        merged.append(run[0] if len(run) == 1 else _Segment(
-            run[0].buffer, np.concatenate([s.offsets for s in run]), np.concatenate([s.starts for s in run]),
-            np.concatenate([s.lengths for s in run])))
+        if len(run) == 1 or not isinstance(run[0], _Bounds):
+            merged += run
+            continue
+        bounds = [b for b in run if isinstance(b, _Bounds)]
+        merged.append(_Bounds(bounds[0].buffer, bounds[0].raw, [x for b in bounds for x in b.bodies],
+                              [x for b in bounds for x in b.sizes], [x for b in bounds for x in b.bases],
+                              [x for b in bounds for x in b.counts]))
     return merged
 
 
-def _values(buffer: bytes, raw: np.ndarray, closers: np.ndarray, begin: int, end: int, base: int,
-            count: int) -> _Segment:
-    """The ``count`` records laid in ``buffer[begin:end]``: their offsets and where their values are."""
-    bodies, sizes = _guess(raw, closers, begin, end, count) or _walk(buffer, begin, end, count)
+def _flat(parts: list[np.ndarray | list[int]]) -> np.ndarray:
+    if all(isinstance(part, list) for part in parts):
+        return np.fromiter(itertools.chain.from_iterable(parts), np.int64)
+    return np.concatenate([np.asarray(part, np.int64) for part in parts])
+
+
+def _fields(bounds: _Bounds) -> _Segment:
+    """Offsets and where the values are, from the fields before each value (all records at once)."""
+    raw, bodies, sizes = bounds.raw, _flat(bounds.bodies), _flat(bounds.sizes)
     at = bodies + 1  # the attributes byte
     at += _varints(raw, at, 10)[1]  # timestampDelta
     offset_delta, n = _varints(raw, at, 5)
@@ -160,8 +196,8 @@ def _values(buffer: bytes, raw: np.ndarray, closers: np.ndarray, begin: int, end
     value_length = np.maximum(value_length, 0)  # null (-1) → an empty payload
     # The byte after each value (the header count) becomes its separator, so it must lie in its record.
     if ((at + value_length) >= bodies + sizes).any():
-        raise RecordsError(f"a record's value runs past its end in the batch at offset {base}")
-    return _Segment(buffer, base + offset_delta, at, value_length)
+        raise RecordsError("a record's value runs past its end")
+    return _Segment(bounds.buffer, np.repeat(bounds.bases, bounds.counts) + offset_delta, at, value_length)
 
 
 def _guess(raw: np.ndarray, closers: np.ndarray, begin: int, end: int,
@@ -178,7 +214,7 @@ def _guess(raw: np.ndarray, closers: np.ndarray, begin: int, end: int,
     return bodies, sizes
 
 
-def _walk(buffer: bytes, begin: int, end: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+def _walk(buffer: bytes, begin: int, end: int, count: int) -> tuple[list[int], list[int]]:
     """(bodies, sizes) of the records by reading each one's length in turn."""
     bodies, sizes = [0] * count, [0] * count
     pos = begin
@@ -200,7 +236,7 @@ def _walk(buffer: bytes, begin: int, end: int, count: int) -> tuple[np.ndarray, 
         pos += size
     if pos != end:
         raise RecordsError(f"{count} records fill {pos - begin} bytes of a {end - begin}-byte batch")
-    return np.asarray(bodies, np.int64), np.asarray(sizes, np.int64)
+    return bodies, sizes
 
 
 def _varints(raw: np.ndarray, at: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:

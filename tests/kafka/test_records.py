@@ -4,6 +4,7 @@ builders: plain, gzip, with headers, null keys and values, control and legacy ba
 from __future__ import annotations
 
 import struct
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from kafka.record import MemoryRecords
 from kafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.record.legacy_records import LegacyRecordBatchBuilder
 
+from pipelines.kafka import records as records_module
 from pipelines.kafka.decode import Payloads, decode_events
 from pipelines.kafka.records import RecordsError, parse_records
 from tests.features.factories import line
@@ -58,8 +60,15 @@ _RECORDS = st.lists(st.tuples(st.one_of(st.none(), st.binary(max_size=6)), _VALU
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(_RECORDS, st.sampled_from([0, 1]), st.sampled_from([1, 2])), min_size=1, max_size=4),
-       st.data())
-def test_equals_kafka_pythons_reader(batches: list[tuple[list[Record], int, int]], data: st.DataObject) -> None:
+       st.sampled_from([1, 1000]), st.data())
+def test_equals_kafka_pythons_reader(batches: list[tuple[list[Record], int, int]], guess_from: int,
+                                     data: st.DataObject) -> None:
+    """Both ways to find the records (guessed and verified from 1 record, always walked from 1,000)."""
+    with mock.patch.object(records_module, "_GUESS_FROM", guess_from):
+        _check_against_kafka_python(batches, data)
+
+
+def _check_against_kafka_python(batches: list[tuple[list[Record], int, int]], data: st.DataObject) -> None:
     buffer, base = b"", 100
     for records, codec, step in batches:
         buffer += _batch(base, records, codec, step)
