@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 import pytest
 
@@ -93,6 +95,13 @@ def produce(connection: KafkaConnection, topic: str, values: Sequence[bytes], *,
             f.get(timeout=30)
     finally:
         producer.close()
+
+
+def kafka_sh(action: str) -> None:
+    """``scripts/kafka.sh up|down``: start or stop the project's broker (its data stays)."""
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run(["bash", str(root / "scripts" / "kafka.sh"), action], check=True, timeout=180,
+                   capture_output=True)
 
 
 @pytest.fixture(scope="session")

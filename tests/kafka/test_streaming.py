@@ -18,7 +18,7 @@ import pytest
 
 from pipelines.kafka.config import KafkaConnection
 from pipelines.kafka.stream_state import latest_histories
-from tests.kafka.conftest import BOOTSTRAP, MakeTopic, produce
+from tests.kafka.conftest import BOOTSTRAP, MakeTopic, kafka_sh, produce
 
 pytestmark = pytest.mark.integration
 
@@ -163,12 +163,6 @@ def test_sigkill_mid_topic_then_restart_loses_and_duplicates_nothing(
     assert sum(c or 0 for c in _committed(kafka, topic, group, 3)) == len(lines)
 
 
-def _kafka_sh(action: str) -> None:
-    root = Path(__file__).resolve().parents[2]
-    subprocess.run(["bash", str(root / "scripts" / "kafka.sh"), action], check=True, timeout=180,
-                   capture_output=True)
-
-
 def test_broker_restart_while_streaming_loses_nothing(
     kafka: KafkaConnection, make_topic: MakeTopic, tmp_path: Path, prism: str
 ) -> None:
@@ -180,8 +174,8 @@ def test_broker_restart_while_streaming_loses_nothing(
         while sum(c or 0 for c in _committed(kafka, topic, group, 2)) < len(first):
             assert job.poll() is None and time.monotonic() < deadline, "the job did not take the first half"
             time.sleep(0.3)
-        _kafka_sh("down")  # the broker goes away under the running job ...
-        _kafka_sh("up")  # ... and comes back
+        kafka_sh("down")  # the broker goes away under the running job ...
+        kafka_sh("up")  # ... and comes back
         produce(kafka, topic, second, keys=_keyed(second))
         deadline = time.monotonic() + 150
         while sum(c or 0 for c in _committed(kafka, topic, group, 2)) < len(lines):
