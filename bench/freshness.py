@@ -150,7 +150,9 @@ def _p99(lat: np.ndarray, missing: int) -> float:
 
 
 def main() -> None:
-    if not _prism():
+    from pipelines.options import default_prism
+
+    if not default_prism():
         sys.exit("no Prism binary: run make prism")
     runs = []
     for rate in RATES:
@@ -175,12 +177,6 @@ def main() -> None:
 
 def _p50(lat: np.ndarray) -> float:
     return float(np.percentile(lat, 50)) if len(lat) else float("nan")
-
-
-def _prism() -> str | None:
-    from pipelines.options import default_prism
-
-    return default_prism()
 
 
 def measure(rate: int) -> Legs:

@@ -139,12 +139,23 @@ def broker_cpu_s() -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
-def cpu_of(fn: Callable[[], Read | None]) -> tuple[Read | None, float, float, float]:
-    """(what fn returned, wall s, its CPU s, the broker's CPU s): kcat's CPU is its child process's."""
-    children, broker = os.times().children_user + os.times().children_system, broker_cpu_s()
+class Measured(NamedTuple):
+    wall_s: float
+    cpu_s: float
+    broker_s: float
+
+
+def children_cpu_s() -> float:
+    times = os.times()
+    return times.children_user + times.children_system
+
+
+def cpu_of(fn: Callable[[], Read | None]) -> tuple[Read | None, Measured]:
+    """What ``fn`` returned, and its wall, CPU and the broker's CPU seconds (kcat's CPU: its child process's)."""
+    children, broker = children_cpu_s(), broker_cpu_s()
     value, wall = timed(fn)
-    cpu = value.cpu_s if value is not None else os.times().children_user + os.times().children_system - children
-    return value, wall, cpu, broker_cpu_s() - broker
+    cpu = value.cpu_s if value is not None else children_cpu_s() - children
+    return value, Measured(wall, cpu, broker_cpu_s() - broker)
 
 
 def kcat_to_null(kcat: str, topic: str) -> None:
@@ -199,12 +210,6 @@ def main() -> None:
            f"confluent {produce_rates['confluent'] / 1e3:.0f}k msg/s; {n} messages")
 
 
-class Measured(NamedTuple):
-    wall_s: float
-    cpu_s: float
-    broker_s: float
-
-
 def measure_consume(connection: KafkaConnection, kcat: str, topic: str,
                     ranges: list[PartitionRange]) -> dict[str, Measured]:
     """kcat and each reader configuration, REPEAT times alternately: the fastest run of each."""
@@ -219,11 +224,11 @@ def measure_consume(connection: KafkaConnection, kcat: str, topic: str,
         for rep in range(REPEAT):
             line = []
             for name, read in readers.items():
-                got, wall, cpu, broker = cpu_of(read)
+                got, run = cpu_of(read)
                 assert got is None or got.events + got.dead == n, f"{name} read {got} of {n} messages"
-                if name not in best or wall < best[name].wall_s:
-                    best[name] = Measured(wall, cpu, broker)
-                line.append(f"{name} {n / wall / 1e3:.0f}k")
+                if name not in best or run.wall_s < best[name].wall_s:
+                    best[name] = run
+                line.append(f"{name} {n / run.wall_s / 1e3:.0f}k")
             print(f"run {rep + 1}/{REPEAT} (msg/s): " + "  ".join(line), flush=True)
     return best
 

@@ -147,6 +147,10 @@ def _batch(part: PartitionRange, offsets: list[int] | np.ndarray, values: list[b
     return MessageBatch(part.topic, part.partition, np.asarray(offsets, dtype=np.int64), payloads)
 
 
+def _read_error(part: PartitionRange, position: int, cause: object) -> KafkaReadError:
+    return KafkaReadError(f"{part.topic}/{part.partition} at offset {position}: {cause}")
+
+
 class _Stall:
     """Raises once ``limit_s`` pass without progress (injectable clock for tests)."""
 
@@ -194,15 +198,13 @@ class KafkaPythonFetcher:
         while position < part.stop:
             try:
                 records = parse_records(self._fetch_once(part, position), position, part.stop)
-            except (KafkaError, OSError) as exc:
-                if isinstance(exc, KafkaError) and not exc.retriable:
-                    raise KafkaReadError(f"{part.topic}/{part.partition} at offset {position}: {exc}") from exc
+            except (KafkaError, OSError, RecordsError) as exc:
+                if not isinstance(exc, OSError) and not getattr(exc, "retriable", False):
+                    raise _read_error(part, position, exc) from exc
                 log.warning("%s/%s at offset %s: %s (retrying)", part.topic, part.partition, position, exc)
                 stall.check(position)
                 time.sleep(_RETRY_S)
                 continue
-            except RecordsError as exc:
-                raise KafkaReadError(f"{part.topic}/{part.partition} at offset {position}: {exc}") from exc
             for lo in range(0, len(records.offsets), self._max_batch):
                 hi = min(lo + self._max_batch, len(records.offsets))
                 yield MessageBatch(part.topic, part.partition, records.offsets[lo:hi], records.payloads.slice(lo, hi))
@@ -335,7 +337,7 @@ class ConfluentFetcher:
                 for m in messages:
                     error = m.error()
                     if error is not None and error.code() == KafkaError._AUTO_OFFSET_RESET:
-                        raise KafkaReadError(f"{part.topic}/{part.partition} at offset {position}: {error.str()}")
+                        raise _read_error(part, position, error.str())
                     if error is not None and error.code() != KafkaError._PARTITION_EOF:
                         log.warning("%s/%s: %s", part.topic, part.partition, error)
                 messages = [m for m in messages if m.error() is None]

@@ -249,8 +249,9 @@ def _suspects(payloads: Payloads) -> np.ndarray:
     opens = raw[starts] == ord("{")
     sus |= ~opens
     sus |= raw[np.maximum(ends - 1, 0)] != ord("}")
-    if np.count_nonzero(raw == ord("\n")) != len(payloads):
-        sus[_owners(payloads, np.setdiff1d(np.flatnonzero(raw == ord("\n")), ends))] = True
+    newlines = raw == ord("\n")
+    if np.count_nonzero(newlines) != len(payloads):
+        sus[_owners(payloads, np.setdiff1d(np.flatnonzero(newlines), ends))] = True
     for byte in (b"\x00", b"\r"):
         if byte in data:
             sus[_owners(payloads, np.flatnonzero(raw == ord(byte)))] = True
@@ -264,9 +265,11 @@ def _suspects(payloads: Payloads) -> np.ndarray:
             sus[i] |= not _is_utf8(payloads.get(int(i)))
     # Equal counts mean each payload that opens with "{" holds no other "{".
     for byte, most, usual in ((b"{", 1, int(opens.sum())), (b"[", _MAX_OPENERS, _MAX_OPENERS)):
-        if byte in data and np.count_nonzero(raw == ord(byte)) > usual:
-            hits = np.flatnonzero(raw == ord(byte))
-            sus |= np.bincount(_owners(payloads, hits), minlength=len(payloads)) > most
+        if byte not in data:
+            continue
+        found = raw == ord(byte)
+        if np.count_nonzero(found) > usual:
+            sus |= np.bincount(_owners(payloads, np.flatnonzero(found)), minlength=len(payloads)) > most
     return sus
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import itertools
 import struct
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 
@@ -169,7 +169,7 @@ def _merged(pieces: list[_Bounds | _Segment]) -> list[_Bounds | _Segment]:
         if len(run) == 1 or not isinstance(run[0], _Bounds):
             merged += run
             continue
-        bounds = [b for b in run if isinstance(b, _Bounds)]
+        bounds = cast(list[_Bounds], run)  # the group key holds the type
         merged.append(_Bounds(bounds[0].buffer, bounds[0].raw, [x for b in bounds for x in b.bodies],
                               [x for b in bounds for x in b.sizes], [x for b in bounds for x in b.bases],
                               [x for b in bounds for x in b.counts]))
@@ -284,19 +284,21 @@ def _payloads(segment: _Segment) -> Payloads:
     return Payloads(bytes(region), starts, segment.lengths)
 
 
+#: Compression codec id → (kafka-python's name for it, what it needs installed).
+_CODECS = {1: ("gzip", "a Python built with zlib"), 2: ("snappy", "pip install python-snappy"),
+           3: ("lz4", "pip install lz4"), 4: ("zstd", "pip install zstandard")}
+
+
 def _inflate(codec: int, data: bytes) -> bytes:
     """A compressed batch's records, with the codec kafka-python uses for it."""
     from kafka import codec as codecs
 
-    inflate = {1: codecs.gzip_decode, 2: codecs.snappy_decode, 3: codecs.lz4_decode, 4: codecs.zstd_decode}
-    available = {1: codecs.has_gzip, 2: codecs.has_snappy, 3: codecs.has_lz4, 4: codecs.has_zstd}
-    names = {1: "gzip", 2: "snappy (python-snappy)", 3: "lz4", 4: "zstd (zstandard)"}
-    if codec not in inflate:
+    if codec not in _CODECS:
         raise RecordsError(f"unknown compression codec {codec}")
-    if not available[codec]():
-        raise RecordsError(f"the topic holds {names[codec]}-compressed batches: pip install "
-                                  f"{names[codec].split(' ')[-1].strip('()')}")
-    return bytes(inflate[codec](data))
+    name, package = _CODECS[codec]
+    if not getattr(codecs, f"has_{name}")():
+        raise RecordsError(f"the topic holds {name}-compressed batches, which need: {package}")
+    return bytes(getattr(codecs, f"{name}_decode")(data))
 
 
 def _legacy(batch: bytes) -> _Segment:
