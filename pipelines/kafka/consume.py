@@ -26,6 +26,7 @@ from pipelines.errors import ConfigError, PipelinesError
 from pipelines.features.parse import ParseResult
 from pipelines.kafka.config import KafkaConnection
 from pipelines.kafka.decode import Payloads, decode_events
+from pipelines.kafka.memory import keep_large_buffers
 from pipelines.kafka.ranges import PartitionRange
 from pipelines.kafka.records import RecordsError, parse_records
 
@@ -181,6 +182,7 @@ class KafkaPythonFetcher:
                  timeout_s: float = 30.0) -> None:
         from kafka.net.compat import KafkaNetClient
 
+        keep_large_buffers()  # each response passes through several buffers of its size
         self._max_batch, self._stall_s, self._clock = max_batch, stall_s, clock
         # One attempt never outlasts the stall limit, so an unreachable broker fails in about stall_s.
         self._partition_bytes, self._timeout_ms = partition_bytes, int(min(timeout_s, stall_s) * 1000)
