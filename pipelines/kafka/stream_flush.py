@@ -19,7 +19,6 @@ merge drops those a history already holds.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 from collections.abc import Callable, Mapping
@@ -101,7 +100,7 @@ def flush_shards(output: str, buffered: Mapping[int, list[pa.Table]], *, num_sha
 class Coalescer(Generic[T]):
     """Runs ``work(keys)`` calls one after another on a background thread; each returns a list
     of results (acknowledgements). Flushes use it with shards as keys, the representation
-    refresh with flush numbers. ``nice`` > 0 lowers the thread's CPU priority (Linux).
+    refresh with flush numbers.
 
     ``request(key)`` asks for work on ``key``; a key already waiting is not queued
     twice, and each call takes every key waiting when it starts (``work`` takes
@@ -112,8 +111,8 @@ class Coalescer(Generic[T]):
     fails; the events it held are never acknowledged and are read again.
     """
 
-    def __init__(self, work: Callable[[list[int]], list[T]], name: str, *, nice: int = 0) -> None:
-        self._work, self._name, self._nice = work, name, nice
+    def __init__(self, work: Callable[[list[int]], list[T]], name: str) -> None:
+        self._work, self._name = work, name
         self._lock = threading.Lock()
         self._queued: set[int] = set()
         self._wake = threading.Condition(self._lock)
@@ -145,8 +144,6 @@ class Coalescer(Generic[T]):
             raise self._errors.get_nowait()
 
     def _run(self) -> None:
-        if self._nice and hasattr(os, "setpriority"):  # Linux: a thread's own niceness, by its id
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self._nice)
         while True:
             with self._lock:
                 self._wake.wait_for(lambda: bool(self._queued))

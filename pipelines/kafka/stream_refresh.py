@@ -11,24 +11,33 @@ is in the history *and* its user's representation has seen it; after a crash the
 events are read again and the merge (which drops them as duplicates) still hands
 their users here.
 
-The refresh runs on its own thread, like the flushes, so neither a bundle nor
-the next flush waits for inference; flushes that finish while a refresh runs
+The refresh is driven by its own thread, like the flushes, so neither a bundle
+nor the next flush waits for inference; flushes that finish while a refresh runs
 are taken together by the next one (each user once, at their newest history),
-so a backlog makes refreshes bigger, not more numerous.
+so a backlog makes refreshes bigger, not more numerous. The inference itself
+runs in a child process (:class:`RefreshProcess`): the job's Beam threads keep
+its interpreter lock busy, and a model's forward pass, a few hundred small torch
+calls that each give the lock back and wait to take it again, ran ~10x slower
+there than alone (80 users: 55 ms alone, seconds inside the job at 500 events/s).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import multiprocessing
+import os
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
+from pipelines.errors import PipelinesError
+from pipelines.io.arrow_coder import ArrowTableCoder
 from pipelines.kafka.stream_flush import Acks, Coalescer, ShardFlush
 from pipelines.kafka.stream_state import newest_rows
 
@@ -36,7 +45,7 @@ if TYPE_CHECKING:  # both import torch: loaded on the worker, when the job start
     from pipelines.kafka.streaming import StreamConfig
     from pipelines.precompute.refresh import RecentCandidates
 
-__all__ = ["RefreshQueue", "load_recent_candidates", "open_refresh"]
+__all__ = ["RefreshError", "RefreshProcess", "RefreshQueue", "load_recent_candidates", "open_refresh"]
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +58,8 @@ class RefreshQueue:
         self._pending: dict[int, ShardFlush] = {}
         self._lock = threading.Lock()
         self._numbers = itertools.count()
-        # below the flush thread and the reader: histories come first when the CPU is short
-        self._worker: Coalescer[tuple[int, np.ndarray]] = Coalescer(self._run, "refresh", nice=10)
+        # (it mostly waits for the refresh process, which runs at REFRESH_NICE)
+        self._worker: Coalescer[tuple[int, np.ndarray]] = Coalescer(self._run, "refresh")
 
     def submit(self, flushed: ShardFlush) -> None:
         if not flushed.acks:
@@ -88,7 +97,79 @@ def load_recent_candidates(patterns: Sequence[str], ttl_s: float) -> RecentCandi
 
 def open_refresh(config: StreamConfig) -> Callable[[pa.Table], None]:
     """``refresh(histories)``: their representations, computed with ``config.model`` and written to
-    ``config.store`` (the model, candidates and store are opened once, here)."""
+    ``config.store`` by a child process (started here, once per worker)."""
+    return RefreshProcess(config)
+
+
+class RefreshError(PipelinesError):
+    """The refresh process failed to start, failed a refresh (its traceback is the message), or died."""
+
+
+#: The child's CPU priority: histories come first when the CPU is short.
+REFRESH_NICE = 10
+
+
+class RefreshProcess:
+    """``refresh(histories)`` run in a child process with its own interpreter (and interpreter lock).
+
+    Each call sends the histories (Arrow IPC) and returns once the child has
+    written their representations, or raises :class:`RefreshError`. The child
+    loads the model, candidates and store once, before the constructor returns
+    (so a bad checkpoint fails the job's setup), and exits when the job does:
+    it is a daemon, and a parent killed outright closes its end of the pipe.
+    """
+
+    def __init__(self, config: StreamConfig, *, nice: int = REFRESH_NICE) -> None:
+        context = multiprocessing.get_context("spawn")  # no fork: the job runs gRPC threads
+        self._pipe, child = context.Pipe()
+        self._process = context.Process(target=_serve, args=(child, config, nice), name="stream-refresh",
+                                        daemon=True)
+        self._process.start()
+        child.close()
+        self._answer("start")
+        self._coder = ArrowTableCoder()
+
+    def __call__(self, histories: pa.Table) -> None:
+        self._answer(f"refresh of {histories.num_rows} users", self._coder.encode(histories))
+
+    def _answer(self, what: str, request: bytes | None = None) -> None:
+        try:
+            if request is not None:
+                self._pipe.send_bytes(request)
+            ok, detail = self._pipe.recv()
+        except (EOFError, OSError) as exc:  # OSError: a broken pipe
+            self._process.join(timeout=5)
+            raise RefreshError(f"the refresh process died during its {what} (exit code "
+                               f"{self._process.exitcode})") from exc
+        if not ok:
+            raise RefreshError(f"{what} failed in the refresh process:\n{detail}")
+
+
+def _serve(pipe: Any, config: StreamConfig, nice: int) -> None:
+    """The child: answer each histories table with (True, None) once written, or (False, traceback)."""
+    if nice:
+        os.nice(nice)
+    try:
+        refresh = _open_in_process(config)
+    except Exception:
+        pipe.send((False, traceback.format_exc()))
+        return
+    pipe.send((True, None))
+    coder = ArrowTableCoder()
+    while True:
+        try:
+            encoded = pipe.recv_bytes()
+        except EOFError:  # the job is over (or was killed)
+            return
+        try:
+            refresh(coder.decode(encoded))
+            pipe.send((True, None))
+        except Exception:
+            pipe.send((False, traceback.format_exc()))
+
+
+def _open_in_process(config: StreamConfig) -> Callable[[pa.Table], None]:
+    """``refresh(histories)`` in this process: the model, candidates and store opened once, here."""
     import torch
 
     from pipelines.model.checkpoint import load_model
