@@ -8,7 +8,10 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from pipelines.kafka.config import KafkaConnection
 
 T = TypeVar("T")
 QUICK = os.environ.get("QUICK", "") not in ("", "0")
@@ -47,3 +50,14 @@ def untrained_model(directory: Path) -> Path:
 
 def result(name: str, ratio: float, target: float, text: str) -> None:
     print(f"RESULT {name} ratio={ratio:.3f} target={target:g} {text}", flush=True)
+
+
+def delete_topic(connection: KafkaConnection, topic: str) -> None:
+    """Delete a bench's scratch topic."""
+    from kafka.admin import KafkaAdminClient
+
+    admin = KafkaAdminClient(**connection.kafka_python())
+    try:
+        admin.delete_topics([topic])
+    finally:
+        admin.close()

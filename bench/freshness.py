@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -48,7 +49,7 @@ import numpy as np  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from bench.common import QUICK, WORK, result, untrained_model  # noqa: E402
+from bench.common import QUICK, WORK, delete_topic, result, untrained_model  # noqa: E402
 
 BOUND_S = 2.0
 FLUSH_S = 0.25
@@ -245,6 +246,8 @@ def measure(rate: int) -> Legs:
     stored.join(timeout=5)
     stored.store.clear()
     stored.store.close()
+    delete_topic(connection, topic)
+    shutil.rmtree(out)  # the flush files (the job's log stays beside them)
     lat = np.asarray([watcher.visible[e] - t for e, t in sent.items() if e in watcher.visible])
     missing = len(sent) - len(lat)
     if missing:

@@ -43,7 +43,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 sys.path.insert(0, os.path.dirname(_HERE))
 
-from bench.common import QUICK, WORK, generate, result, timed  # noqa: E402
+from bench.common import QUICK, WORK, delete_topic, generate, result, timed  # noqa: E402
 from pipelines.kafka.config import DEFAULT_BOOTSTRAP, KafkaConnection  # noqa: E402
 from pipelines.kafka.consume import BACKENDS, decode_batch, open_fetcher, open_lookup, prefetched  # noqa: E402
 from pipelines.kafka.produce import ensure_topic, file_messages, open_sink  # noqa: E402
@@ -193,7 +193,7 @@ def main() -> None:
         started = time.perf_counter()
         acked = load(connection, scratch, path, backend, limit=produce_n)
         produce_rates[backend] = acked / (time.perf_counter() - started)
-        _delete(connection, scratch)
+        delete_topic(connection, scratch)
 
     print(f"messages: {n} in {PARTITIONS} partitions ({users} users); CPU in us per message")
     for name, run in runs.items():
@@ -231,16 +231,6 @@ def measure_consume(connection: KafkaConnection, kcat: str, topic: str,
                 line.append(f"{name} {n / run.wall_s / 1e3:.0f}k")
             print(f"run {rep + 1}/{REPEAT} (msg/s): " + "  ".join(line), flush=True)
     return best
-
-
-def _delete(connection: KafkaConnection, topic: str) -> None:
-    from kafka.admin import KafkaAdminClient
-
-    admin = KafkaAdminClient(**connection.kafka_python())
-    try:
-        admin.delete_topics([topic])
-    finally:
-        admin.close()
 
 
 if __name__ == "__main__":
