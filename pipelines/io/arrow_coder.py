@@ -22,10 +22,15 @@ _PLAIN = pa.ipc.IpcWriteOptions()
 
 
 class ArrowTableCoder(beam.coders.Coder):
-    """Encodes a ``pa.Table`` as one Arrow IPC stream."""
+    """Encodes a ``pa.Table`` as one Arrow IPC stream; ``compress_from_bytes=None`` never compresses
+    (for bytes that stay on this machine)."""
+
+    def __init__(self, compress_from_bytes: int | None = COMPRESS_FROM_BYTES) -> None:
+        self._compress_from = compress_from_bytes
 
     def encode(self, value: pa.Table) -> bytes:
-        options = _COMPRESSED if value.nbytes >= COMPRESS_FROM_BYTES else _PLAIN
+        big = self._compress_from is not None and value.nbytes >= self._compress_from
+        options = _COMPRESSED if big else _PLAIN
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, value.schema, options=options) as writer:
             writer.write_table(value)

@@ -50,7 +50,7 @@ def _mallopt() -> bool:
     try:
         libc = ctypes.CDLL(name)
         mallopt = libc.mallopt
-    except (OSError, AttributeError, TypeError):  # not glibc (musl, macOS): nothing to tune
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to tune
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) and mallopt(_M_TRIM_THRESHOLD, TRIM_BYTES))

@@ -95,18 +95,14 @@ def load_recent_candidates(patterns: Sequence[str], ttl_s: float) -> RecentCandi
     return RecentCandidates.from_table(table, ttl_s=ttl_s, source=",".join(paths))
 
 
-def open_refresh(config: StreamConfig) -> Callable[[pa.Table], None]:
-    """``refresh(histories)``: their representations, computed with ``config.model`` and written to
-    ``config.store`` by a child process (started here, once per worker)."""
-    return RefreshProcess(config)
-
-
 class RefreshError(PipelinesError):
     """The refresh process failed to start, failed a refresh (its traceback is the message), or died."""
 
 
 #: The child's CPU priority: histories come first when the CPU is short.
 REFRESH_NICE = 10
+#: Histories cross a local pipe: compressing them would only cost CPU.
+_PIPE_CODER = ArrowTableCoder(compress_from_bytes=None)
 
 
 class RefreshProcess:
@@ -127,10 +123,9 @@ class RefreshProcess:
         self._process.start()
         child.close()
         self._answer("start")
-        self._coder = ArrowTableCoder()
 
     def __call__(self, histories: pa.Table) -> None:
-        self._answer(f"refresh of {histories.num_rows} users", self._coder.encode(histories))
+        self._answer(f"refresh of {histories.num_rows} users", _PIPE_CODER.encode(histories))
 
     def _answer(self, what: str, request: bytes | None = None) -> None:
         try:
@@ -150,26 +145,27 @@ def _serve(pipe: Any, config: StreamConfig, nice: int) -> None:
     if nice:
         os.nice(nice)
     try:
-        refresh = _open_in_process(config)
+        refresh = open_refresh(config)
     except Exception:
         pipe.send((False, traceback.format_exc()))
         return
     pipe.send((True, None))
-    coder = ArrowTableCoder()
     while True:
         try:
             encoded = pipe.recv_bytes()
         except EOFError:  # the job is over (or was killed)
             return
         try:
-            refresh(coder.decode(encoded))
+            refresh(_PIPE_CODER.decode(encoded))
             pipe.send((True, None))
         except Exception:
             pipe.send((False, traceback.format_exc()))
 
 
-def _open_in_process(config: StreamConfig) -> Callable[[pa.Table], None]:
-    """``refresh(histories)`` in this process: the model, candidates and store opened once, here."""
+def open_refresh(config: StreamConfig) -> Callable[[pa.Table], None]:
+    """``refresh(histories)`` in this process (:class:`RefreshProcess` runs it in a child): their
+    representations, computed with ``config.model`` and written to ``config.store`` (the model,
+    candidates and store are opened once, here)."""
     import torch
 
     from pipelines.model.checkpoint import load_model

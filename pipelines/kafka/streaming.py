@@ -282,7 +282,7 @@ class _AppendHistoriesFn(beam.DoFn):
 
     def setup(self) -> None:
         from pipelines.kafka.stream_flush import Coalescer, flush_shards, shared_worker
-        from pipelines.kafka.stream_refresh import RefreshQueue, open_refresh
+        from pipelines.kafka.stream_refresh import RefreshProcess, RefreshQueue
         from pipelines.kafka.stream_state import PENDING
 
         config = self._config
@@ -290,7 +290,7 @@ class _AppendHistoriesFn(beam.DoFn):
 
         def make() -> tuple[Coalescer[tuple[int, np.ndarray]], RefreshQueue | None]:
             sink = open_sink(self._connection, config.histories_topic)
-            refresh = RefreshQueue(open_refresh(config)) if config.refresh else None
+            refresh = RefreshQueue(RefreshProcess(config)) if config.refresh else None
 
             def flush(shards: list[int]) -> list[tuple[int, np.ndarray]]:
                 done = flush_shards(output, {s: PENDING.take((output, s)) for s in shards},

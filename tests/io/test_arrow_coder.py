@@ -32,3 +32,10 @@ def test_small_tables_are_written_plain_and_big_ones_compressed() -> None:
     encoded = coder.encode(big)
     assert _LZ4_FRAME_MAGIC in encoded
     assert len(encoded) < big.nbytes / 4
+
+
+def test_a_coder_without_a_threshold_never_compresses() -> None:
+    big = _table(200_000)
+    encoded = ArrowTableCoder(compress_from_bytes=None).encode(big)
+    assert _LZ4_FRAME_MAGIC not in encoded
+    assert ArrowTableCoder().decode(encoded).equals(big)

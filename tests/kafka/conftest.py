@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.kafka.config import DEFAULT_BOOTSTRAP, KafkaConnection
+from tests.precompute.conftest import world  # noqa: F401 - the generated world, for the refresh tests
 
 BOOTSTRAP = os.environ.get("GEM_KAFKA_BOOTSTRAP", DEFAULT_BOOTSTRAP)
 #: The broker's SASL_PLAINTEXT listener and user (deploy/kafka/server.properties.in).

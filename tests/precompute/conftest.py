@@ -5,10 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 import torch
 
 from pipelines.cli import main
+from pipelines.io.files import match_files
+from pipelines.io.parquet import read_table
+from schemas.layouts import HISTORY
 
 
 @dataclass(frozen=True)
@@ -18,6 +22,11 @@ class World:
     candidates: Path
     features: Path
     model: Path
+
+    def histories(self) -> pa.Table:
+        """Every user's history (HISTORY layout) from the features run."""
+        paths = match_files(str(self.features / "histories/*/*.parquet"))
+        return pa.concat_tables(read_table(p, HISTORY) for p in paths)
 
 
 @pytest.fixture(scope="session")

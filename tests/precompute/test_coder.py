@@ -8,12 +8,9 @@ import pyarrow as pa
 import pytest
 import torch
 
-from pipelines.io.files import match_files
-from pipelines.io.parquet import read_table
 from pipelines.model.batch import SEQUENCE_FIELDS, GemBatch, HistoryIndex, ad_catalog, build_user_batch
 from pipelines.precompute.coder import GemBatchCoder
 from pipelines.precompute.requests import request_elements
-from schemas.layouts import HISTORY
 from tests.model.factories import random_batch
 from tests.precompute.conftest import World
 
@@ -28,8 +25,7 @@ def _same(a: GemBatch, b: GemBatch) -> None:
 
 
 def _index(world: World) -> HistoryIndex:
-    paths = match_files(str(world.features / "histories/*/*.parquet"))
-    return HistoryIndex(pa.concat_tables(read_table(p, HISTORY) for p in paths))
+    return HistoryIndex(world.histories())
 
 
 def test_a_request_round_trips_with_its_history_stored_once(world: World) -> None:
