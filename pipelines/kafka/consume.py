@@ -274,6 +274,23 @@ class PartitionPoller:
 
     def poll(self, topic: str, partition: int, position: int, timeout_s: float = 0.2) -> tuple[MessageBatch | None,
                                                                                                int]:
+        """A retriable error (the broker away, a leader moving) reads as "nothing now": the caller polls again.
+
+        kafka-python 3.0 raises them from ``position()`` and ``poll()`` when an offset validation it runs
+        after a leader change cannot refresh metadata (connection refused while the broker restarts).
+        """
+        from kafka.errors import KafkaError
+
+        try:
+            return self._poll(topic, partition, position, timeout_s)
+        except KafkaError as exc:
+            if not exc.retriable:
+                raise
+            log.warning("%s/%s at offset %s: %s (polling again)", topic, partition, position, exc)
+            time.sleep(timeout_s)  # a refused connection fails at once: no busy loop while the broker is away
+            return None, position
+
+    def _poll(self, topic: str, partition: int, position: int, timeout_s: float) -> tuple[MessageBatch | None, int]:
         from kafka import TopicPartition
 
         tp = TopicPartition(topic, partition)
