@@ -15,6 +15,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import cast
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -25,7 +26,7 @@ import torch
 
 from bench.common import QUICK, WORK, result, timed, untrained_model
 from pipelines.cli import main as cli
-from pipelines.model import HistoryIndex, ad_catalog, load_model
+from pipelines.model import GemBatch, GemModel, HistoryIndex, ad_catalog, load_model
 from pipelines.options import pipeline_options, runner_for
 from pipelines.precompute.batching import batch_tokens
 from pipelines.precompute.handler import GemModelHandler
@@ -46,15 +47,17 @@ def world(root: Path, users: int, requests: int) -> None:
     cli(["features", "--input", str(root / "events.parquet"), "--output", str(root / "features"), "--overwrite"])
 
 
-def elements(root: Path, max_len: int) -> list:
+def elements(root: Path, max_len: int) -> list[GemBatch]:
     histories = ds.dataset(root / "features" / "histories", format="parquet", partitioning="hive").to_table()
     index = HistoryIndex(histories)
     return [b for _, b in request_elements(index, pq.read_table(root / "candidates.parquet"), max_len=max_len,
                                            catalog=ad_catalog(index))]
 
 
-def by_tokens(batches: list, budget: int) -> list[list]:
-    groups, current, size = [], [], 0
+def by_tokens(batches: list[GemBatch], budget: int) -> list[list[GemBatch]]:
+    groups: list[list[GemBatch]] = []
+    current: list[GemBatch] = []
+    size = 0
     for b in batches:
         if current and size + batch_tokens(b) > budget:
             groups.append(current)
@@ -64,13 +67,15 @@ def by_tokens(batches: list, budget: int) -> list[list]:
     return [*groups, current] if current else groups
 
 
-def by_count(batches: list, n: int) -> list[list]:
+def by_count(batches: list[GemBatch], n: int) -> list[list[GemBatch]]:
     return [batches[i:i + n] for i in range(0, len(batches), n)]
 
 
-def loop(model, groups: list[list]) -> int:
+def loop(model: GemModel, groups: list[list[GemBatch]]) -> int:
+    """Pairs represented by the handler over ``groups``, one inference call per group (no Beam)."""
     handler = GemModelHandler("unused")
-    return sum(r.inference[0].user_id.size for g in groups for r in handler.run_inference(g, model))
+    # Each result's inference is (representations, request_ms): see GemModelHandler.run_inference.
+    return sum(cast(tuple, r.inference)[0].user_id.size for g in groups for r in handler.run_inference(g, model))
 
 
 def main() -> None:
