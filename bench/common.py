@@ -8,10 +8,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
-
-if TYPE_CHECKING:
-    from pipelines.kafka.config import KafkaConnection
+from typing import TypeVar
 
 T = TypeVar("T")
 QUICK = os.environ.get("QUICK", "") not in ("", "0")
@@ -51,13 +48,3 @@ def untrained_model(directory: Path) -> Path:
 def result(name: str, ratio: float, target: float, text: str) -> None:
     print(f"RESULT {name} ratio={ratio:.3f} target={target:g} {text}", flush=True)
 
-
-def delete_topic(connection: KafkaConnection, topic: str) -> None:
-    """Delete a bench's scratch topic."""
-    from kafka.admin import KafkaAdminClient
-
-    admin = KafkaAdminClient(**connection.kafka_python())
-    try:
-        admin.delete_topics([topic])
-    finally:
-        admin.close()

@@ -49,7 +49,7 @@ import numpy as np  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from bench.common import QUICK, WORK, delete_topic, result, untrained_model  # noqa: E402
+from bench.common import QUICK, WORK, result, untrained_model  # noqa: E402
 
 BOUND_S = 2.0
 FLUSH_S = 0.25
@@ -183,7 +183,7 @@ def _p50(lat: np.ndarray) -> float:
 def measure(rate: int) -> Legs:
     """One streaming job on a fresh topic fed ``rate`` events/s for SECONDS: both legs' latencies."""
     from pipelines.kafka.config import DEFAULT_BOOTSTRAP, KafkaConnection
-    from pipelines.kafka.produce import KafkaSink, ensure_topic
+    from pipelines.kafka.produce import KafkaSink, delete_topics, ensure_topic
     from pipelines.kafka.produce_cli import Pacer
     from pipelines.store.redis_store import default_redis_url
 
@@ -246,7 +246,7 @@ def measure(rate: int) -> Legs:
     stored.join(timeout=5)
     stored.store.clear()
     stored.store.close()
-    delete_topic(connection, topic)
+    delete_topics(connection, [topic])
     shutil.rmtree(out)  # the flush files (the job's log stays beside them)
     lat = np.asarray([watcher.visible[e] - t for e, t in sent.items() if e in watcher.visible])
     missing = len(sent) - len(lat)

@@ -45,10 +45,10 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 sys.path.insert(0, os.path.dirname(_HERE))
 
-from bench.common import QUICK, WORK, delete_topic, generate, result, timed  # noqa: E402
+from bench.common import QUICK, WORK, generate, result, timed  # noqa: E402
 from pipelines.kafka.config import DEFAULT_BOOTSTRAP, KafkaConnection  # noqa: E402
 from pipelines.kafka.consume import BACKENDS, decode_batch, open_fetcher, open_lookup, prefetched  # noqa: E402
-from pipelines.kafka.produce import ensure_topic, file_messages, open_sink  # noqa: E402
+from pipelines.kafka.produce import delete_topics, ensure_topic, file_messages, open_sink  # noqa: E402
 from pipelines.kafka.ranges import PartitionRange, Position, resolve_ranges, split_ranges  # noqa: E402
 
 BOOTSTRAP = os.environ.get("GEM_KAFKA_BOOTSTRAP", DEFAULT_BOOTSTRAP)
@@ -198,7 +198,7 @@ def main() -> None:
         started = time.perf_counter()
         acked = load(connection, scratch, path, backend, limit=produce_n)
         produce_rates[backend] = acked / (time.perf_counter() - started)
-        delete_topic(connection, scratch)
+        delete_topics(connection, [scratch])
 
     print(f"messages: {n} in {PARTITIONS} partitions ({users} users); CPU in us per message")
     for name, run in runs.items():

@@ -148,6 +148,12 @@ def _batch(part: PartitionRange, offsets: list[int] | np.ndarray, values: list[b
     return MessageBatch(part.topic, part.partition, np.asarray(offsets, dtype=np.int64), payloads)
 
 
+def _retriable(exc: BaseException) -> bool:
+    """Whether trying again may succeed: kafka-python says so of its errors (broker away, leader moved),
+    and a socket error is a connection lost."""
+    return isinstance(exc, OSError) or bool(getattr(exc, "retriable", False))
+
+
 def _read_error(part: PartitionRange, position: int, cause: object) -> KafkaReadError:
     return KafkaReadError(f"{part.topic}/{part.partition} at offset {position}: {cause}")
 
@@ -201,7 +207,7 @@ class KafkaPythonFetcher:
             try:
                 records = parse_records(self._fetch_once(part, position), position, part.stop)
             except (KafkaError, OSError, RecordsError) as exc:
-                if not isinstance(exc, OSError) and not getattr(exc, "retriable", False):
+                if not _retriable(exc):
                     raise _read_error(part, position, exc) from exc
                 log.warning("%s/%s at offset %s: %s (retrying)", part.topic, part.partition, position, exc)
                 stall.check(position)
@@ -284,7 +290,7 @@ class PartitionPoller:
         try:
             return self._poll(topic, partition, position, timeout_s)
         except KafkaError as exc:
-            if not exc.retriable:
+            if not _retriable(exc):
                 raise
             log.warning("%s/%s at offset %s: %s (polling again)", topic, partition, position, exc)
             time.sleep(timeout_s)  # a refused connection fails at once: no busy loop while the broker is away

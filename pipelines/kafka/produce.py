@@ -24,7 +24,8 @@ from pipelines.errors import ConfigError, InputNotFoundError, PipelinesError
 from pipelines.kafka.config import KafkaConnection
 from pipelines.kafka.encode import events_to_wire
 
-__all__ = ["DeliveryError", "KafkaSink", "ensure_topic", "file_messages", "open_sink", "topic_partitions"]
+__all__ = ["DeliveryError", "KafkaSink", "delete_topics", "ensure_topic", "file_messages", "open_sink",
+           "topic_partitions"]
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +179,17 @@ def ensure_topic(connection: KafkaConnection, topic: str, partitions: int, repli
         return True
     except TopicAlreadyExistsError:
         return False
+    finally:
+        admin.close()
+
+
+def delete_topics(connection: KafkaConnection, topics: Sequence[str]) -> None:
+    """Delete ``topics`` (scratch topics of benches and tests)."""
+    from kafka.admin import KafkaAdminClient
+
+    admin = KafkaAdminClient(**connection.kafka_python())
+    try:
+        admin.delete_topics(list(topics))
     finally:
         admin.close()
 

@@ -52,9 +52,7 @@ def kafka_sasl(kafka: KafkaConnection) -> KafkaConnection:
 @pytest.fixture(scope="session")
 def make_topic(kafka: KafkaConnection) -> Iterator[MakeTopic]:
     """``make_topic(partitions=1)``: a fresh topic, deleted at the end of the session."""
-    from kafka.admin import KafkaAdminClient
-
-    from pipelines.kafka.produce import ensure_topic
+    from pipelines.kafka.produce import delete_topics, ensure_topic
 
     created: list[str] = []
 
@@ -69,11 +67,7 @@ def make_topic(kafka: KafkaConnection) -> Iterator[MakeTopic]:
 
     yield make
     if created:
-        admin = KafkaAdminClient(**kafka.kafka_python())
-        try:
-            admin.delete_topics(created)
-        finally:
-            admin.close()
+        delete_topics(kafka, created)
 
 
 def produce(connection: KafkaConnection, topic: str, values: Sequence[bytes], *, keys: Sequence[bytes | None] = (),

@@ -20,7 +20,7 @@ def _config(world: World, store: Path, model: Path | None = None) -> StreamConfi
 
 
 def _histories(world: World) -> pa.Table:
-    return world.histories().slice(0, 40)
+    return world.histories.slice(0, 40)
 
 
 def _embeddings(store: Path, users: list[int]) -> np.ndarray:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import pyarrow as pa
@@ -23,8 +24,9 @@ class World:
     features: Path
     model: Path
 
+    @cached_property
     def histories(self) -> pa.Table:
-        """Every user's history (HISTORY layout) from the features run."""
+        """Every user's history (HISTORY layout) from the features run (read once)."""
         paths = match_files(str(self.features / "histories/*/*.parquet"))
         return pa.concat_tables(read_table(p, HISTORY) for p in paths)
 

@@ -25,7 +25,7 @@ def _same(a: GemBatch, b: GemBatch) -> None:
 
 
 def _index(world: World) -> HistoryIndex:
-    return HistoryIndex(world.histories())
+    return HistoryIndex(world.histories)
 
 
 def test_a_request_round_trips_with_its_history_stored_once(world: World) -> None:

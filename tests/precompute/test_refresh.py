@@ -25,7 +25,7 @@ def _candidates(rows: list[tuple[str, int, int, list[int]]]) -> pa.Table:
 
 
 def test_token_chunks_cover_every_row_in_order_within_the_budget(world: World) -> None:
-    batch = build_user_batch(world.histories(), max_len=48)
+    batch = build_user_batch(world.histories, max_len=48)
     chunks = list(token_chunks(batch, 200))
     assert len(chunks) > 1
     assert np.concatenate([c.user_id.numpy() for c in chunks]).tolist() == batch.user_id.numpy().tolist()
@@ -49,7 +49,7 @@ def test_recent_candidates_keep_each_users_latest_valid_request() -> None:
 
 def test_refresh_gives_the_batch_precompute_user_rows_and_each_users_own_watermark(world: World) -> None:
     model = load_model(world.model, device="cpu")
-    histories = world.histories()
+    histories = world.histories
     refreshed = Refresher(model, model.model_version, token_budget=300).refresh(histories, computed_at_ms=123)
     batch = build_user_batch(HistoryIndex(histories), max_len=model.config.max_len)
     expected = representation_table(model.represent(batch), model_version=model.model_version, watermark_ms=0,
@@ -65,7 +65,7 @@ def test_refresh_gives_the_batch_precompute_user_rows_and_each_users_own_waterma
 
 def test_refresh_adds_pairs_for_users_with_a_recent_candidate_set(world: World) -> None:
     model = load_model(world.model, device="cpu")
-    histories = world.histories().slice(0, 20)
+    histories = world.histories.slice(0, 20)
     users = histories.column("user_id").to_pylist()
     last = histories.column("last_event_time").cast(pa.int64()).to_pylist()
     candidates = _candidates([("r0", users[0], last[0] - 1000, [2_000_000_001, 2_000_000_002]),
