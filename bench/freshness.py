@@ -151,7 +151,7 @@ def _p99(lat: np.ndarray, missing: int) -> float:
 
 
 def main() -> None:
-    from pipelines.options import default_prism
+    from pipelines.runners import default_prism
 
     if not default_prism():
         sys.exit("no Prism binary: run make prism")
@@ -182,9 +182,9 @@ def _p50(lat: np.ndarray) -> float:
 
 def measure(rate: int) -> Legs:
     """One streaming job on a fresh topic fed ``rate`` events/s for SECONDS: both legs' latencies."""
-    from pipelines.kafka.config import DEFAULT_BOOTSTRAP, KafkaConnection
-    from pipelines.kafka.produce import KafkaSink, delete_topics, ensure_topic
-    from pipelines.kafka.produce_cli import Pacer
+    from pipelines.cli.produce import Pacer
+    from pipelines.io.kafka.config import DEFAULT_BOOTSTRAP, KafkaConnection
+    from pipelines.io.kafka.produce import KafkaSink, delete_topics, ensure_topic
     from pipelines.store.redis_store import default_redis_url
 
     bootstrap = os.environ.get("GEM_KAFKA_BOOTSTRAP", DEFAULT_BOOTSTRAP)

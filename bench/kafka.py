@@ -46,10 +46,11 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 sys.path.insert(0, os.path.dirname(_HERE))
 
 from bench.common import QUICK, WORK, generate, result, timed  # noqa: E402
-from pipelines.kafka.config import DEFAULT_BOOTSTRAP, KafkaConnection  # noqa: E402
-from pipelines.kafka.consume import BACKENDS, decode_batch, open_fetcher, open_lookup, prefetched  # noqa: E402
-from pipelines.kafka.produce import delete_topics, ensure_topic, file_messages, open_sink  # noqa: E402
-from pipelines.kafka.ranges import PartitionRange, Position, resolve_ranges, split_ranges  # noqa: E402
+from pipelines.features.sources import decode_batch  # noqa: E402
+from pipelines.io.kafka.config import DEFAULT_BOOTSTRAP, KafkaConnection  # noqa: E402
+from pipelines.io.kafka.consume import BACKENDS, open_fetcher, open_lookup, prefetched  # noqa: E402
+from pipelines.io.kafka.produce import delete_topics, ensure_topic, file_messages, open_sink  # noqa: E402
+from pipelines.io.kafka.ranges import PartitionRange, Position, resolve_ranges, split_ranges  # noqa: E402
 
 BOOTSTRAP = os.environ.get("GEM_KAFKA_BOOTSTRAP", DEFAULT_BOOTSTRAP)
 PARTITIONS = 4

@@ -52,8 +52,8 @@ from pipelines.model.attention import BlockAttention
 from pipelines.model.config import GemConfig
 from pipelines.model.gem import CPU_CHUNK_BLOCKS, GemModel
 from pipelines.model.jagged import BlockLayout, lengths_to_offsets, to_padded_dense
-from pipelines.model.metrics import auc, seeded_auc_gain
-from pipelines.model.train import TrainConfig, load_predictions, train_model
+from pipelines.model.train.loop import TrainConfig, load_predictions, train_model
+from pipelines.model.train.metrics import auc, seeded_auc_gain
 from tests.model.factories import random_batch
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -27,11 +27,11 @@ import torch
 from bench.common import QUICK, WORK, result, timed, untrained_model
 from pipelines.cli import main as cli
 from pipelines.model import GemBatch, GemModel, HistoryIndex, ad_catalog, load_model
-from pipelines.options import pipeline_options, runner_for
 from pipelines.precompute.batching import batch_tokens
 from pipelines.precompute.handler import GemModelHandler
 from pipelines.precompute.pipeline import PrecomputeConfig, run_precompute
 from pipelines.precompute.requests import request_elements
+from pipelines.runners import pipeline_options, runner_for
 
 BUDGET = 32_768
 REPEAT = 1 if QUICK else 2

@@ -182,9 +182,51 @@ DEAD_LETTER = Layout(
     ),
 )
 
+# The generator's ground truth (``X.truth/users.parquet``, ``items.parquet``): read by tests and
+# evaluations, never by a pipeline stage.
+TRUTH_USERS = Layout(
+    "truth_users",
+    1,
+    pa.schema(
+        [
+            pa.field("user_id", pa.int64(), nullable=False),
+            pa.field("segment", pa.int32(), nullable=False),
+            # Interest over item categories (index = item_category); sums to 1.
+            pa.field("interest", pa.list_(pa.field("item", pa.float32(), nullable=False)), nullable=False),
+            pa.field("preferred_surface", pa.int8(), nullable=False),
+            pa.field("preferred_device", pa.int8(), nullable=False),
+            # Expected events per day (power law).
+            pa.field("activity", pa.float64(), nullable=False),
+        ]
+    ),
+)
+
+TRUTH_ITEMS = Layout(
+    "truth_items",
+    1,
+    pa.schema(
+        [
+            pa.field("item_id", pa.int64(), nullable=False),
+            pa.field("is_ad", pa.bool_(), nullable=False),
+            pa.field("advertiser_id", pa.int64()),
+            pa.field("item_category", pa.int32(), nullable=False),
+            # Share of impressions within its kind (ads or organic) at equal interest.
+            pa.field("popularity", pa.float64(), nullable=False),
+        ]
+    ),
+)
+
+# Row position in a FAISS index → user id (``ids.parquet`` of an index folder).
+ID_MAP = Layout(
+    "similarity_id_map",
+    1,
+    pa.schema([pa.field("position", pa.int64(), nullable=False), pa.field("user_id", pa.int64(), nullable=False)]),
+)
+
 LAYOUTS: dict[str, Layout] = {
     layout.name: layout
-    for layout in (EVENT, HISTORY, TRAINING_EXAMPLE, CANDIDATES, REPRESENTATION, DEAD_LETTER)
+    for layout in (EVENT, HISTORY, TRAINING_EXAMPLE, CANDIDATES, REPRESENTATION, DEAD_LETTER, TRUTH_USERS,
+                   TRUTH_ITEMS, ID_MAP)
 }
 
 

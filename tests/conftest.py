@@ -24,6 +24,8 @@ from pipelines.store import (
 )
 from tests.store.reps import T0_S
 
+pytest_plugins = ["tests.fixtures.kafka"]
+
 MakeStore = Callable[..., OnlineStore]
 
 

@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from pipelines.errors import ConfigError
-from pipelines.options import pipeline_options, runner_for
+from pipelines.runners import pipeline_options, runner_for
 
 
 def _args(runner: str, workers: int = 1) -> argparse.Namespace:
@@ -37,7 +37,7 @@ def _free_port() -> int:
     ],
 )
 def test_misconfigured_runner_names_the_flag(runner: str, flags: list[str], flag: str, monkeypatch) -> None:
-    monkeypatch.setattr("pipelines.options.default_prism", lambda: None)  # as on a machine without `make prism`
+    monkeypatch.setattr("pipelines.runners.default_prism", lambda: None)  # as on a machine without `make prism`
     port = _free_port()
     with pytest.raises(ConfigError) as err:
         pipeline_options(_args(runner), [f.format(port=port) for f in flags])

@@ -9,10 +9,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from pipelines.durations import DAY_MS, MINUTE_MS
 from schemas.enums import CLICK, CONVERSION_CODES, IMPRESSION
-
-MINUTE_MS = 60_000
-DAY_MS = 24 * 60 * MINUTE_MS
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,9 @@ from typing import Any
 import pyarrow as pa
 
 from pipelines.features import reasons
+from pipelines.io.deadletters import dead_letter_table
 from schemas.enums import DEVICE_CODE, EVENT_TYPE_CODE, SURFACE_CODE
-from schemas.layouts import DEAD_LETTER, EVENT
+from schemas.layouts import EVENT
 
 MAX_LINE_BYTES = 1 << 20
 _NUL = b"\x00"
@@ -186,18 +187,6 @@ def events_table(rows: list[tuple[Any, ...]]) -> pa.Table:
     columns = list(zip(*rows, strict=True)) if rows else [() for _ in _COLUMNS]
     arrays = [pa.array(col, type=field.type) for col, field in zip(columns, EVENT.schema, strict=True)]
     return pa.Table.from_arrays(arrays, schema=EVENT.schema)
-
-
-def dead_letter_table(
-    stage: str, rejects: list[tuple[str, str, bytes, str]]
-) -> pa.Table:
-    """DEAD_LETTER table from (reason, detail, payload, source) tuples."""
-    reason, detail, payload, source = (list(c) for c in zip(*rejects, strict=True)) if rejects else ([], [], [], [])
-    return pa.Table.from_arrays(
-        [pa.array([stage] * len(reason), pa.string()), pa.array(reason, pa.string()),
-         pa.array(detail, pa.string()), pa.array(payload, pa.binary()), pa.array(source, pa.string())],
-        schema=DEAD_LETTER.schema,
-    )
 
 
 def parse_json_lines(

@@ -8,7 +8,6 @@ validates the configuration before any work, runs it and checks the counters
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,26 +15,24 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines.errors import ConfigError, PipelinesError
+from pipelines.errors import ConfigError
 from pipelines.features.examples import LabelWindows
 from pipelines.features.histories import DEFAULT_MAX_HISTORY
-from pipelines.features.transforms import (
-    COUNTS,
-    DEAD,
-    EVENTS,
-    BuildHistories,
-    ReadEvents,
-    WriteDeadLetters,
-    WriteSummary,
-    sum_counts,
-)
-from pipelines.io.files import expand_inputs, join, match_files, prepare_output, read_summary, splits_of
+from pipelines.features.sources import ReadEvents
+from pipelines.features.transforms import BuildHistories
+from pipelines.io.files import expand_inputs, match_files, splits_of
+from pipelines.io.shards import kind_glob
+from pipelines.io.snapshot import COUNTS, DEAD, DEAD_LETTERS, EVENTS, HISTORIES, TRAINING_EXAMPLES, run_stage
+from pipelines.io.summary import Balance, sum_counts
+from pipelines.io.transforms import WriteDeadLetters, WriteSummary
 from schemas.layouts import HISTORY
 
 log = logging.getLogger(__name__)
 
 MAX_HISTORY_LIMIT = 1 << 20
-OUTPUT_SUBDIRS = ("histories", "training_examples", "dead_letters")
+OUTPUT_SUBDIRS = (HISTORIES, TRAINING_EXAMPLES, DEAD_LETTERS)
+#: Records in = valid + duplicates (within the run and against --previous) + dead letters.
+RECORDS = Balance("record", "records_in", ("events_valid", "duplicates", "duplicates_previous", "dead_letters"))
 
 
 @dataclass(frozen=True)
@@ -65,9 +62,9 @@ class FeaturesConfig:
 def previous_files(previous: str | None) -> list[str]:
     if not previous:
         return []
-    files = match_files(join(previous, "histories", "*", "*.parquet"))
+    files = match_files(kind_glob(previous, HISTORIES))
     if not files:
-        raise ConfigError("--previous", f"{previous!r} holds no histories/*/*.parquet",
+        raise ConfigError("--previous", f"{previous!r} holds no histories/shard=*/*.parquet",
                           "point it at the --output folder of an earlier features run")
     return files
 
@@ -77,7 +74,7 @@ def build_features(p: beam.Pipeline, config: FeaturesConfig, splits: Sequence, p
     """Add the features steps to ``p``.
 
     ``source`` replaces the file source: any PTransform with ReadEvents' tagged
-    outputs (e.g. ``pipelines.kafka.beam_io.ReadEventsFromKafka``); ``splits`` is then unused.
+    outputs (e.g. ``pipelines.features.sources.ReadEventsFromKafka``); ``splits`` is then unused.
     """
     if source is None:
         source = ReadEvents(splits, num_shards=config.num_shards)
@@ -107,21 +104,10 @@ def run_features(config: FeaturesConfig, options: PipelineOptions, runner: objec
     """
     paths = expand_inputs(config.inputs) if source is None else []
     previous = previous_files(config.previous)
-    prepare_output(config.output, OUTPUT_SUBDIRS, overwrite=config.overwrite, holds="a features snapshot")
     splits = splits_of(paths)
     log.info("features: %d file(s), %d split(s), %d previous file(s)", len(paths), len(splits), len(previous))
-    started = time.perf_counter()
-    with beam.Pipeline(runner=runner, options=options) as p:  # type: ignore[arg-type]
-        build_features(p, config, splits, previous, source)
-    summary = read_summary(config.output)
-    summary["seconds"] = round(time.perf_counter() - started, 3)
-    check_balance(summary)
-    return summary
-
-
-def check_balance(summary: dict) -> None:
-    """Records in must equal valid + duplicates + dead letters; anything else is a bug."""
-    accounted = (summary.get("events_valid", 0) + summary.get("duplicates", 0)
-                 + summary.get("duplicates_previous", 0) + summary.get("dead_letters", 0))
-    if accounted != summary.get("records_in", 0):
-        raise PipelinesError(f"record balance broken: {summary.get('records_in', 0)} in, {accounted} accounted")
+    return run_stage(
+        config.output, lambda p: build_features(p, config, splits, previous, source),
+        kinds=OUTPUT_SUBDIRS, holds="a features snapshot", overwrite=config.overwrite, balance=RECORDS,
+        options=options, runner=runner,
+    )

@@ -19,8 +19,8 @@ from pipelines.features.parse import (
     MAX_EVENT_ID_CHARS,
     MAX_TIME_MS,
     ParseResult,
-    dead_letter_table,
 )
+from pipelines.io.deadletters import dead_letter_table
 from schemas.enums import DEVICES, EVENT_TYPES, SURFACES
 from schemas.layouts import EVENT
 

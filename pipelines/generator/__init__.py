@@ -4,7 +4,7 @@ The generator is a pure function of :class:`WorldConfig` (:func:`generate_events
 :func:`generate_candidates`); :func:`write_world` adds the files: events as JSONL,
 JSONL.gz or Parquet, optional candidate sets, and the ground truth folder.
 
-Names are imported on first use, so that ``pipelines.generator.cli`` (loaded for
+Names are imported on first use, so that ``pipelines.cli.generate`` (loaded for
 ``--help``) pulls in neither numpy nor pyarrow.
 """
 
@@ -20,8 +20,8 @@ _EXPORTS = {
     "generate_candidates": "pipelines.generator.candidates",
     "Request": "pipelines.generator.output",
     "write_world": "pipelines.generator.output",
-    "TRUTH_ITEMS": "pipelines.generator.truth",
-    "TRUTH_USERS": "pipelines.generator.truth",
+    "TRUTH_ITEMS": "schemas.layouts",
+    "TRUTH_USERS": "schemas.layouts",
     "truth_dir_for": "pipelines.generator.truth",
 }
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from pipelines.generator.config import DAY_MS
+from pipelines.durations import DAY_MS
 from pipelines.generator.events import event_ids
 from pipelines.generator.world import World, choice_rows
 from schemas.layouts import CANDIDATES

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-DAY_MS = 86_400_000
+from pipelines.durations import DAY_MS
+
 DEFAULT_START = datetime(2026, 5, 1, tzinfo=UTC)
 
 #: Rough number of events a user produces per day on average (impressions plus

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipelines.generator.config import DAY_MS
+from pipelines.durations import DAY_MS, HOUR_MS
 from pipelines.generator.world import DEVICE_SHARE, DIURNAL, World, choice_rows
 
 #: Share of a user's events that are impressions (the rest are engagement).
@@ -72,8 +72,8 @@ def _session_starts(world: World, session_user: np.ndarray, rng: np.random.Gener
     day = rng.integers(0, config.days, size=n)
     local_hour = rng.choice(24, size=n, p=DIURNAL / DIURNAL.sum())
     utc_hour = (local_hour - world.users.tz_hours[session_user]) % 24
-    within_hour = rng.integers(0, 3_600_000, size=n)
-    return config.start_ms + day * DAY_MS + utc_hour * 3_600_000 + within_hour
+    within_hour = rng.integers(0, HOUR_MS, size=n)
+    return config.start_ms + day * DAY_MS + utc_hour * HOUR_MS + within_hour
 
 
 def _offsets_within(length: np.ndarray, rng: np.random.Generator) -> np.ndarray:

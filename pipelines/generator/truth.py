@@ -2,8 +2,8 @@
 
 For events at ``X.jsonl`` (or ``X.jsonl.gz``, ``X.parquet``) the folder ``X.truth/``
 holds ``users.parquet`` (TRUTH_USERS), ``items.parquet`` (TRUTH_ITEMS) and
-``world.json`` (parameters, seed, counts). These layouts belong to the generator,
-not to ``schemas/``: no pipeline stage reads them, only tests and evaluations.
+``world.json`` (parameters, seed, counts). No pipeline stage reads them, only
+tests and evaluations; their layouts are registered in ``schemas/`` like every other.
 """
 
 from __future__ import annotations
@@ -17,39 +17,7 @@ import pyarrow as pa
 
 from pipelines.generator.world import World
 from pipelines.io.parquet import write_table
-from schemas.layouts import Layout
-
-TRUTH_USERS = Layout(
-    "truth_users",
-    1,
-    pa.schema(
-        [
-            pa.field("user_id", pa.int64(), nullable=False),
-            pa.field("segment", pa.int32(), nullable=False),
-            # Interest over item categories (index = item_category); sums to 1.
-            pa.field("interest", pa.list_(pa.field("item", pa.float32(), nullable=False)), nullable=False),
-            pa.field("preferred_surface", pa.int8(), nullable=False),
-            pa.field("preferred_device", pa.int8(), nullable=False),
-            # Expected events per day (power law).
-            pa.field("activity", pa.float64(), nullable=False),
-        ]
-    ),
-)
-
-TRUTH_ITEMS = Layout(
-    "truth_items",
-    1,
-    pa.schema(
-        [
-            pa.field("item_id", pa.int64(), nullable=False),
-            pa.field("is_ad", pa.bool_(), nullable=False),
-            pa.field("advertiser_id", pa.int64()),
-            pa.field("item_category", pa.int32(), nullable=False),
-            # Share of impressions within its kind (ads or organic) at equal interest.
-            pa.field("popularity", pa.float64(), nullable=False),
-        ]
-    ),
-)
+from schemas.layouts import TRUTH_ITEMS, TRUTH_USERS
 
 _SUFFIXES = (".jsonl.gz", ".jsonl", ".parquet")
 

@@ -5,8 +5,6 @@ All paths go through Beam's ``FileSystems`` (local, ``gs://``, ...).
 
 from __future__ import annotations
 
-import json
-import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -15,7 +13,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines.errors import ConfigError, InputNotFoundError, OutputNotWritableError
+from pipelines.errors import ConfigError, InputNotFoundError
 
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".ndjson", ".ndjson.gz")
 PARQUET_SUFFIXES = (".parquet",)
@@ -90,9 +88,6 @@ def read_line_batches(path: str, batch_size: int) -> Iterator[tuple[list[bytes],
         yield lines, sources
 
 
-SUMMARY = "summary.json"
-
-
 def join(root: str, *parts: str) -> str:
     """``root/part/...`` for local paths and URIs alike."""
     return "/".join([root.rstrip("/"), *parts])
@@ -101,34 +96,3 @@ def join(root: str, *parts: str) -> str:
 def match_files(pattern: str) -> list[str]:
     """Every file matching ``pattern``, sorted (empty when none)."""
     return sorted(m.path for r in FileSystems.match([pattern]) for m in r.metadata_list)
-
-
-def read_summary(directory: str) -> dict:
-    """The ``summary.json`` a pipeline wrote into ``directory``."""
-    with FileSystems.open(join(directory, SUMMARY)) as f:
-        return dict(json.loads(f.read()))
-
-
-def prepare_output(directory: str, subdirs: Sequence[str], *, overwrite: bool, holds: str) -> None:
-    """Refuse a folder that already holds a run's ``summary.json`` unless ``overwrite``; prove it is
-    writable; with ``overwrite`` remove the ``subdirs`` the run is about to write again."""
-    if FileSystems.exists(join(directory, SUMMARY)) and not overwrite:
-        raise ConfigError("--output", f"{directory!r} already holds {holds}", "pass --overwrite or choose a new folder")
-    check_writable(directory)
-    if overwrite:
-        stale = [join(directory, sub) for sub in subdirs if FileSystems.exists(join(directory, sub))]
-        if stale:
-            FileSystems.delete(stale)
-
-
-def check_writable(directory: str, flag: str = "--output") -> None:
-    """Create ``directory`` if needed and prove a file can be written there."""
-    probe = f"{directory.rstrip('/')}/.write-probe-{uuid.uuid4().hex}"
-    try:
-        if not FileSystems.exists(directory):
-            FileSystems.mkdirs(directory)
-        with FileSystems.create(probe) as f:
-            f.write(b"ok")
-        FileSystems.delete([probe])
-    except Exception as exc:
-        raise OutputNotWritableError(f"{flag} {directory!r} is not writable ({exc})") from exc

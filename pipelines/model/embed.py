@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pipelines.model.batch import NUM_COUNT_FEATURES, GemBatch
 from pipelines.model.config import GemConfig
+from pipelines.model.inputs import NUM_COUNT_FEATURES, GemBatch
 
 _MIX = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed 64-bit integer
 CATEGORY_SALT = 0xCA7E60

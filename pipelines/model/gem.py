@@ -28,9 +28,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipelines.model.attention import BlockAttention, PooledSummary, TargetAttention
-from pipelines.model.batch import NUM_COUNT_FEATURES, SEQUENCE_FIELDS, GemBatch, same_values
 from pipelines.model.config import GemConfig
 from pipelines.model.embed import CATEGORY_SALT, NUM_CONTEXT_TOKENS, NUM_TARGET_TOKENS, TokenEmbedder, hash_ids
+from pipelines.model.inputs import NUM_COUNT_FEATURES, SEQUENCE_FIELDS, GemBatch, same_values
 from pipelines.model.interaction import MixtureOfExperts
 from pipelines.model.jagged import BlockLayout, gather_index, to_padded_dense
 from pipelines.model.match import NUM_MATCH_FEATURES, match_features

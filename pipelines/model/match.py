@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from pipelines.model.batch import GemBatch
+from pipelines.model.inputs import GemBatch
 from schemas.enums import EVENT_TYPES
 
 MATCH_KEYS = ("item", "advertiser", "category")

@@ -7,7 +7,7 @@ from dataclasses import fields
 
 import torch
 
-from pipelines.model.batch import GemBatch
+from pipelines.model.inputs import GemBatch
 
 
 def batch_tokens(batch: GemBatch) -> int:

@@ -19,7 +19,7 @@ import apache_beam as beam
 import numpy as np
 import torch
 
-from pipelines.model.batch import SEQUENCE_FIELDS, GemBatch, same_values
+from pipelines.model.inputs import SEQUENCE_FIELDS, GemBatch, same_values
 from pipelines.precompute.batching import approx_bytes
 
 __all__ = ["GemBatchCoder", "register"]

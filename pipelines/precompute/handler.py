@@ -19,8 +19,8 @@ from typing import Any, Literal
 import numpy as np
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 
-from pipelines.model.batch import GemBatch
 from pipelines.model.gem import GemModel
+from pipelines.model.inputs import GemBatch
 from pipelines.precompute.batching import approx_bytes, batch_tokens, concat_batches
 from pipelines.precompute.records import slice_representations
 

@@ -18,14 +18,15 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines.errors import ConfigError, PipelinesError
-from pipelines.features.transforms import WriteDeadLetters, WriteSummary
-from pipelines.io.files import SUMMARY, expand_inputs, join, match_files, prepare_output, read_summary, splits_of
+from pipelines.errors import ConfigError
+from pipelines.io.files import expand_inputs, join, match_files, splits_of
+from pipelines.io.shards import kind_glob
+from pipelines.io.snapshot import COUNTS, DEAD, DEAD_LETTERS, HISTORIES, REPRESENTATIONS, run_stage
+from pipelines.io.summary import SUMMARY, Balance, read_summary
+from pipelines.io.transforms import WriteDeadLetters, WriteSummary
 from pipelines.model.gem import GemModel
 from pipelines.precompute.handler import Batching, GemModelHandler
 from pipelines.precompute.transforms import (
-    COUNTS,
-    DEAD,
     AdCatalog,
     PrepareRequests,
     ReadCandidates,
@@ -34,6 +35,10 @@ from pipelines.precompute.transforms import (
 )
 
 log = logging.getLogger(__name__)
+
+#: Pairs in = pairs out + pairs superseded by a later request of the same user + dead-lettered pairs
+#: (not checked when inference failed: a failed batch's pairs are dead letters of another count).
+PAIRS = Balance("pair", "pairs_in", ("pairs_out", "pairs_superseded", "dead_pairs"), unless="inference_failures")
 
 
 @dataclass(frozen=True)
@@ -100,7 +105,7 @@ def load_model_flag(path: str, flag: str = "--model") -> GemModel:
 
 def _resolve(config: PrecomputeConfig) -> _Resolved:
     summary = _features_summary(config.features)
-    files = match_files(join(config.features, "histories", "*", "*.parquet"))
+    files = match_files(kind_glob(config.features, HISTORIES))
     model = load_model_flag(config.model)
     return _Resolved(int(summary["num_shards"]), _watermark(files), files, model.model_version,
                      model.config.max_len)
@@ -135,22 +140,12 @@ def run_precompute(config: PrecomputeConfig, options: PipelineOptions, runner: o
     """Validate, run, and return the summary (also written to ``<output>/summary.json``)."""
     resolved = _resolve(config)
     splits = splits_of(expand_inputs(config.candidates, "--candidates"))
-    prepare_output(config.output, ("representations", "dead_letters"), overwrite=config.overwrite,
-                   holds="representations")
-    started = time.perf_counter()
-    with beam.Pipeline(runner=runner, options=options) as p:  # type: ignore[arg-type]
-        build_precompute(p, config, resolved, splits, int(clock() * 1000))
-    summary = read_summary(config.output)
-    summary["seconds"] = round(time.perf_counter() - started, 3)
-    _check_balance(summary)
-    return summary
-
-
-def _check_balance(summary: dict) -> None:
-    """Pairs in = pairs out + pairs superseded by a later request of the same user + dead-lettered pairs."""
-    out = summary.get("pairs_out", 0) + summary.get("pairs_superseded", 0) + summary.get("dead_pairs", 0)
-    if summary.get("inference_failures", 0) == 0 and out != summary.get("pairs_in", 0):
-        raise PipelinesError(f"pair balance broken: {summary.get('pairs_in', 0)} in, {out} accounted")
+    computed_at_ms = int(clock() * 1000)
+    return run_stage(
+        config.output, lambda p: build_precompute(p, config, resolved, splits, computed_at_ms),
+        kinds=(REPRESENTATIONS, DEAD_LETTERS), holds="representations", overwrite=config.overwrite,
+        balance=PAIRS, options=options, runner=runner,
+    )
 
 
 __all__ = ["PrecomputeConfig", "build_precompute", "run_precompute"]

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from pipelines.model.batch import GemBatch, HistoryIndex, ad_catalog, build_candidate_batch, build_user_batch
 from pipelines.model.gem import GemModel
+from pipelines.model.inputs import GemBatch, HistoryIndex, ad_catalog, build_candidate_batch, build_user_batch
 from pipelines.precompute.records import representation_table
 from pipelines.precompute.requests import check_candidates, merge_catalogs
 from schemas.layouts import REPRESENTATION

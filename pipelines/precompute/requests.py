@@ -15,8 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.features.parse import dead_letter_table
-from pipelines.model.batch import GemBatch, HistoryIndex, ad_catalog, build_candidate_batch, build_user_batch
+from pipelines.io.deadletters import dead_letter_table
+from pipelines.model.inputs import GemBatch, HistoryIndex, ad_catalog, build_candidate_batch, build_user_batch
 from schemas.enums import SURFACES
 from schemas.layouts import HISTORY
 
@@ -84,7 +84,7 @@ def user_elements(index: HistoryIndex, *, max_len: int, chunk: int = 256) -> lis
 
 
 def merge_catalogs(tables: Iterable[pa.Table]) -> pa.Table:
-    """Ad catalogs (see :func:`pipelines.model.batch.ad_catalog`) as one, one row per ad (the first
+    """Ad catalogs (see :func:`pipelines.model.inputs.ad_catalog`) as one, one row per ad (the first
     table that knows an ad wins); an empty catalog for none."""
     tables = [t for t in tables if t.num_rows]
     if not tables:

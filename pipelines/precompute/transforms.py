@@ -13,13 +13,14 @@ from apache_beam.metrics import Metrics
 from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
 from apache_beam.pvalue import TaggedOutput
 
-from pipelines.features.parse import dead_letter_table
-from pipelines.features.sharding import split_by_shard
-from pipelines.features.transforms import GroupByShard, shard_path
 from pipelines.io import arrow_coder  # noqa: F401 - registers the pa.Table coder
+from pipelines.io.deadletters import dead_letter_table
 from pipelines.io.files import Split, read_row_group
 from pipelines.io.parquet import read_table, write_table
-from pipelines.model.batch import GemBatch, HistoryIndex
+from pipelines.io.shards import shard_path, split_by_shard
+from pipelines.io.snapshot import COUNTS, DEAD, HISTORIES, REPRESENTATIONS
+from pipelines.io.transforms import GroupByShard
+from pipelines.model.inputs import GemBatch, HistoryIndex
 from pipelines.precompute import coder  # noqa: F401 - registers the GemBatch coder
 from pipelines.precompute.handler import GemModelHandler
 from pipelines.precompute.records import latest_per_key, representation_table
@@ -29,7 +30,7 @@ from schemas.layouts import HISTORY, REPRESENTATION
 __all__ = ["AdCatalog", "PrepareRequests", "ReadCandidates", "RunGemInference", "WriteRepresentations"]
 
 NAMESPACE = "precompute"
-DEAD, COUNTS = "dead_letters", "counts"
+
 
 
 class _ReadCandidatesFn(beam.DoFn):
@@ -94,7 +95,7 @@ class _PrepareFn(beam.DoFn):
     def _histories(self, shard: int) -> pa.Table:
         from apache_beam.io.filesystems import FileSystems
 
-        path = shard_path(self._features, "histories", shard)
+        path = shard_path(self._features, HISTORIES, shard)
         return read_table(path, HISTORY) if FileSystems.exists(path) else HISTORY.schema.empty_table()
 
 
@@ -170,7 +171,7 @@ class _WriteShardFn(beam.DoFn):
         tables = [representation_table(r, model_version=self._model_version, watermark_ms=self._watermark_ms,
                                        computed_at_ms=self._computed_at_ms) for r in reps]
         table, superseded = latest_per_key(pa.concat_tables(tables), np.concatenate([t for _, t in parts]))
-        write_table(table, shard_path(self._output, "representations", shard), REPRESENTATION)
+        write_table(table, shard_path(self._output, REPRESENTATIONS, shard), REPRESENTATION)
         if self._store is not None:
             self._store.write_batch(table)
         users = int(pc.sum(table.column("ad_id").is_null()).as_py() or 0)
@@ -191,7 +192,7 @@ class WriteRepresentations(beam.PTransform):
 
 
 def _catalog_of(path: str) -> pa.Table:
-    from pipelines.model.batch import ad_catalog
+    from pipelines.model.inputs import ad_catalog
 
     return ad_catalog(read_table(path, HISTORY))
 

@@ -26,7 +26,7 @@ import pyarrow as pa
 from pipelines.errors import ConfigError, LayoutError
 from pipelines.io.parquet import read_table, write_table
 from pipelines.similarity.faiss_ops import Metric
-from schemas.layouts import Layout
+from schemas.layouts import ID_MAP
 
 __all__ = ["ID_MAP", "IndexManifest", "read_manifest", "write_id_map", "write_manifest"]
 
@@ -35,13 +35,6 @@ MANIFEST_NAME = "manifest.json"
 IDS_NAME = "ids.parquet"
 VECTORS_NAME = "vectors.npy"
 INDEX_NAME = "index.faiss"
-
-ID_MAP = Layout(
-    "similarity_id_map",
-    1,
-    pa.schema([pa.field("position", pa.int64(), nullable=False), pa.field("user_id", pa.int64(), nullable=False)]),
-)
-
 
 @dataclass(frozen=True)
 class IndexManifest:

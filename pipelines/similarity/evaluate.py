@@ -36,10 +36,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipelines.model.batch import HistoryIndex
 from pipelines.model.checkpoint import load_model
-from pipelines.model.data import load_features, split_by_time
 from pipelines.model.gem import GemModel
+from pipelines.model.inputs import HistoryIndex
+from pipelines.model.train.data import load_features, split_by_time
 from pipelines.similarity.build import BuildSpec, build_index, write_built
 from pipelines.similarity.metrics import cosine_rows, gain_table, same_segment_share
 from pipelines.similarity.model_reps import PairQueries, PairReps, click_logits, pair_reps, user_ad_scores, user_reps_at

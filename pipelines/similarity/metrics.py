@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipelines.model.metrics import auc
+from pipelines.model.train.metrics import auc
 
 __all__ = ["cosine_rows", "gain_kept", "gain_table", "same_segment_share"]
 

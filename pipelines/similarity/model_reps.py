@@ -16,9 +16,9 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from pipelines.model.batch import GemBatch, HistoryIndex, build_candidate_batch
 from pipelines.model.embed import CATEGORY_SALT, hash_ids
 from pipelines.model.gem import GemModel
+from pipelines.model.inputs import GemBatch, HistoryIndex, build_candidate_batch
 
 __all__ = ["PairQueries", "PairReps", "click_logits", "pair_reps", "user_ad_scores", "user_reps_at"]
 

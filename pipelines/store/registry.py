@@ -18,19 +18,18 @@ from dataclasses import dataclass, replace
 from typing import cast
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
+from pipelines.durations import parse_duration
 from pipelines.errors import ConfigError
 from pipelines.store.base import Clock, OnlineStore, StoreOptions
 from pipelines.store.codec import ENCODINGS, Encoding
 from pipelines.store.lmdb_store import LmdbConfig, LmdbStore
 from pipelines.store.redis_store import RedisConfig, RedisStore
 
-__all__ = ["BACKENDS", "StoreSpec", "open_store", "parse_duration", "parse_store_uri"]
+__all__ = ["BACKENDS", "StoreSpec", "open_store", "parse_store_uri"]
 
 FLAG = "--store"
 _COMMON = ("max_age", "expire_after", "encoding")
 _BACKEND_OPTIONS = {"lmdb": ("map_size_gb",), "redis": ("namespace", "timeout")}
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h|d)?\s*$")
-_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _EXAMPLES = "lmdb:///path/to/dir, a plain directory path, or redis://127.0.0.1:16379/0"
 
 
@@ -41,14 +40,6 @@ class StoreSpec:
     backend: str
     config: LmdbConfig | RedisConfig
     options: StoreOptions
-
-
-def parse_duration(text: str) -> float:
-    """``"90"``/``"90s"``/``"15m"``/``"2h"``/``"7d"``/``"250ms"`` -> seconds; ValueError otherwise."""
-    match = _DURATION.match(text)
-    if not match:
-        raise ValueError(f"{text!r} is not a duration (e.g. 90s, 15m, 2h, 7d)")
-    return float(match.group(1)) * _UNIT_S[match.group(2) or "s"]
 
 
 def parse_store_uri(uri: str) -> StoreSpec:

@@ -6,9 +6,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from pipelines.durations import DAY_MS
 from pipelines.generator import GeneratedEvents, generate_candidates, rngs
 from pipelines.generator.candidates import MAX_ADS, MIN_ADS
-from pipelines.generator.config import DAY_MS
 from schemas.layouts import CANDIDATES, layout_of
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from pipelines.cli import build_parser, main
+from pipelines.cli.generate import build_request
 from pipelines.errors import ConfigError
-from pipelines.generator.cli import build_request
 from pipelines.io.parquet import read_table
 from schemas.layouts import CANDIDATES, EVENT
 

@@ -6,8 +6,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from pipelines.durations import DAY_MS
 from pipelines.generator import GeneratedEvents, WorldConfig, generate_events
-from pipelines.generator.config import DAY_MS, EVENTS_PER_USER_DAY
+from pipelines.generator.config import EVENTS_PER_USER_DAY
 from pipelines.generator.summary import events_per_user
 from pipelines.generator.truth import users_table
 from schemas.enums import CONVERSION_TYPES, EVENT_TYPE_CODE, EVENT_TYPES

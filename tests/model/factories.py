@@ -7,10 +7,10 @@ from collections.abc import Sequence
 import pyarrow as pa
 import torch
 
-from pipelines.model.batch import NUM_COUNT_FEATURES, GemBatch
 from pipelines.model.config import GemConfig
-from pipelines.model.toyworld import history_row
+from pipelines.model.inputs import NUM_COUNT_FEATURES, GemBatch
 from schemas.layouts import HISTORY, TRAINING_EXAMPLE
+from tests.model.toyworld import history_row
 
 T0 = 1_760_000_000_000
 TINY_TABLES = {"item": 512, "advertiser": 64, "category": 32, "user": 128}

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from pipelines.model.batch import (
+from pipelines.model.inputs import (
     ExampleSet,
     GemBatch,
     HistoryIndex,
@@ -106,7 +106,7 @@ def test_select_keeps_each_rows_history() -> None:
 
 
 def test_count_features_cover_the_whole_prefix_and_the_evicted_events() -> None:
-    from pipelines.model.batch import COUNT_FEATURES
+    from pipelines.model.inputs import COUNT_FEATURES
     from schemas.enums import CLICK, IMPRESSION
 
     users = {10: [event(i, T0 + i * SEC, event_type=CLICK if i % 3 == 0 else IMPRESSION) for i in range(10)]}

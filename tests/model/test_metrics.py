@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines.model.metrics import auc, normalized_entropy, paired_auc_interval, seeded_auc_gain, task_metrics
+from pipelines.model.train.metrics import auc, normalized_entropy, paired_auc_interval, seeded_auc_gain, task_metrics
 
 
 @settings(max_examples=50, derandomize=True, deadline=None)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from pipelines.model.batch import GemBatch
 from pipelines.model.gem import GemModel, shared_histories
+from pipelines.model.inputs import GemBatch
 from pipelines.model.jagged import gather_index
 from tests.model.factories import random_batch, tiny_config
 

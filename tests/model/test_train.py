@@ -12,14 +12,14 @@ import pyarrow as pa
 import pytest
 
 from pipelines.cli import main
-from pipelines.model.batch import HistoryIndex, build_user_batch
 from pipelines.model.checkpoint import load_model
 from pipelines.model.config import GemConfig
-from pipelines.model.data import load_features, sample_by_label
-from pipelines.model.metrics import auc
-from pipelines.model.toyworld import ToyWorld, make_world, write_features_dir
-from pipelines.model.train import TrainConfig, load_predictions, train_model
+from pipelines.model.inputs import HistoryIndex, build_user_batch
+from pipelines.model.train.data import load_features, sample_by_label
+from pipelines.model.train.loop import TrainConfig, load_predictions, train_model
+from pipelines.model.train.metrics import auc
 from tests.model.factories import tiny_config
+from tests.model.toyworld import ToyWorld, make_world, write_features_dir
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from pipelines.model.batch import SEQUENCE_FIELDS, GemBatch, HistoryIndex, ad_catalog, build_user_batch
+from pipelines.model.inputs import SEQUENCE_FIELDS, GemBatch, HistoryIndex, ad_catalog, build_user_batch
 from pipelines.precompute.coder import GemBatchCoder
 from pipelines.precompute.requests import request_elements
 from tests.model.factories import random_batch

@@ -6,14 +6,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipelines.model.batch import HistoryIndex, build_user_batch
+from pipelines.durations import DAY_MS
 from pipelines.model.checkpoint import load_model
+from pipelines.model.inputs import HistoryIndex, build_user_batch
 from pipelines.precompute.records import representation_table
 from pipelines.precompute.refresh import RecentCandidates, Refresher, token_chunks
 from schemas.layouts import CANDIDATES
 from tests.precompute.conftest import World
-
-DAY_MS = 86_400_000
 
 
 def _candidates(rows: list[tuple[str, int, int, list[int]]]) -> pa.Table:

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.cli import main
-from pipelines.options import default_prism
+from pipelines.runners import default_prism
 from tests.features.factories import T0, line
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pipelines.durations import HOUR_MS
 from pipelines.similarity.build import BuildSpec, build_index
 from pipelines.similarity.faiss_ops import faiss
 from pipelines.similarity.policy import ResolverConfig
@@ -17,7 +18,6 @@ from tests.conftest import MakeStore
 from tests.similarity.data import T0_MS, T0_S, VERSION, rep_table
 
 DIM = 8
-HOUR_MS = 3_600_000
 CONFIG = ResolverConfig(max_age_s=3_600, fallback_max_age_s=86_400, k=3)
 
 

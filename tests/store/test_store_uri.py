@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from pipelines.durations import parse_duration
 from pipelines.errors import ConfigError
 from pipelines.store import (
     LmdbConfig,
@@ -14,7 +15,6 @@ from pipelines.store import (
     RedisStore,
     StoreUnavailableError,
     open_store,
-    parse_duration,
     parse_store_uri,
 )
 

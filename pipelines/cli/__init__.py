@@ -1,0 +1,86 @@
+"""``python -m pipelines <command>``: one sub-command per stage.
+
+Each command lives in its own module exposing ``add_arguments(parser)`` and
+``run(args) -> int``; :data:`COMMANDS` maps the command name to that module, and
+the module is imported only when its command runs (so ``generate`` never pays
+for importing torch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from pipelines.errors import PipelinesError
+
+#: command name -> (module path, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "generate": ("pipelines.cli.generate", "generate a synthetic engagement world (events + ground truth)"),
+    "features": ("pipelines.cli.features", "build per-user histories and training examples (Beam, batch)"),
+    "train": ("pipelines.cli.train", "train the GEM-style model and its baseline; write model.pt + metrics.json"),
+    "precompute": ("pipelines.cli.precompute", "precompute user and (user, ad) representations (Beam, RunInference)"),
+    "inspect": ("pipelines.cli.inspect", "summarise any Parquet output of this project"),
+    "index": ("pipelines.cli.index", "build a FAISS index of user representations (Beam, sharded)"),
+    "lookup": ("pipelines.cli.lookup", "resolve (user, ads) to representations with fallbacks"),
+    "evaluate-fallback": ("pipelines.cli.evaluate_fallback", "measure the fallback paths on a generated world"),
+    "produce": ("pipelines.cli.produce", "load a generator events file into a Kafka topic (JSON, key = user_id)"),
+    "replay": ("pipelines.cli.replay", "run the features pipeline over a Kafka topic range (Beam, batch)"),
+    "stream": ("pipelines.cli.stream", "stream a Kafka topic into per-user histories (Beam on Prism, state)"),
+}
+
+
+class _QuietOptionalGcp(logging.Filter):
+    """Drop Beam's import-time notes about optional Google Cloud clients we do not use."""
+
+    NOISE = ("apitools not found", "No module named google.cloud.bigquery_storage_v1")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.NOISE)
+
+
+def _chosen(argv: Sequence[str]) -> str | None:
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The parser; only the chosen command's module is imported (to add its flags)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines",
+        description="GEM feature and representation pipelines.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    chosen = _chosen(argv)
+    for name, (module_path, help_text) in COMMANDS.items():
+        if name != chosen:
+            sub.add_parser(name, help=help_text)
+            continue
+        module = importlib.import_module(module_path)
+        command = sub.add_parser(name, help=help_text, description=module.__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_arguments(command)
+        command.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for name in ("", "apache_beam.io.gcp.bigquery"):
+        logging.getLogger(name).addFilter(_QuietOptionalGcp())
+    parser = build_parser(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args._module, "ACCEPTS_BEAM_ARGS", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.beam_args = extra
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args._module.run(args))
+    except PipelinesError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,148 @@
+"""Replay a range of a Kafka topic through the features pipeline (Beam, batch).
+
+--from and --to take an offset (the same in every partition), an ISO-8601
+time with a timezone (or a date, meaning UTC midnight; resolved per partition
+to the first message at or after it), or earliest / latest; --to is exclusive.
+The range is fixed before the pipeline starts, split per partition (and into
+pieces of at most --max-split messages) so that it reads in parallel, and fed
+to the same steps as `python -m pipelines features`: the output equals a
+features run over the same events from a file. Malformed messages become dead
+letters whose source is kafka:<topic>/<partition>/<offset>.
+
+Outputs: --output DIR (histories/, training_examples/, dead_letters/,
+summary.json), or --to-topic T2 (one JSON history per user, key = user_id; the
+Parquet snapshot then goes to a temporary folder unless --output is also
+given). --dead-letter-topic also publishes the dead letters as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import tempfile
+from typing import TYPE_CHECKING
+
+from pipelines.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pipelines.features.examples import LabelWindows
+    from pipelines.io.kafka.config import KafkaConnection
+
+ACCEPTS_BEAM_ARGS = True
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from pipelines.io.kafka.config import add_connection_arguments
+    from pipelines.io.kafka.consume import BACKENDS
+    from pipelines.runners import add_runner_arguments
+
+    parser.add_argument("--topic", required=True, help="topic to replay")
+    parser.add_argument("--from", dest="start", default="earliest", metavar="TIME|OFFSET",
+                        help="first offset or time (default: %(default)s)")
+    parser.add_argument("--to", dest="stop", default="latest", metavar="TIME|OFFSET",
+                        help="end offset or time, exclusive (default: %(default)s)")
+    parser.add_argument("--partitions", metavar="P[,P...]", help="only these partitions (default: all)")
+    parser.add_argument("--output", metavar="DIR", help="folder for the snapshot (Parquet)")
+    parser.add_argument("--to-topic", metavar="TOPIC", help="publish the histories to this topic (JSON per user)")
+    parser.add_argument("--dead-letter-topic", metavar="TOPIC", help="also publish the dead letters here")
+    parser.add_argument("--max-split", type=int, default=500_000,
+                        help="at most this many messages per read split (default: %(default)s)")
+    parser.add_argument("--kafka-backend", default="kafka-python", choices=BACKENDS,
+                        help="client library (default: %(default)s; confluent needs the kafka-fast extra)")
+    parser.add_argument("--previous", metavar="DIR", help="an earlier snapshot to merge into (incremental build)")
+    parser.add_argument("--max-history", type=int, default=4096, help="events kept per user (default: %(default)s)")
+    parser.add_argument("--num-shards", type=int, default=16, help="user shards (default: %(default)s)")
+    parser.add_argument("--click-window-minutes", type=float, default=30.0, help="click label window")
+    parser.add_argument("--conversion-window-days", type=float, default=7.0, help="conversion label window")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing snapshot in --output")
+    add_connection_arguments(parser)
+    add_runner_arguments(parser)
+
+
+def _partitions(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(p) for p in text.split(",") if p.strip()]
+    except ValueError as exc:
+        raise ConfigError("--partitions", f"got {text!r}", "pass partition numbers like 0,1,2") from exc
+
+
+def _windows(args: argparse.Namespace) -> LabelWindows:
+    from pipelines.durations import DAY_MS, MINUTE_MS
+    from pipelines.features.examples import LabelWindows
+
+    if args.click_window_minutes <= 0 or args.conversion_window_days <= 0:
+        raise ConfigError("--click-window-minutes", "label windows must be positive", "pass positive numbers")
+    return LabelWindows(int(args.click_window_minutes * MINUTE_MS), int(args.conversion_window_days * DAY_MS))
+
+
+def _publish(connection: KafkaConnection, output: str, topic: str | None, dead_topic: str | None,
+             partitions: int) -> dict[str, int]:
+    import glob
+
+    from pipelines.io.kafka.encode import dead_letters_to_json, histories_to_json
+    from pipelines.io.kafka.produce import ensure_topic, open_sink
+    from pipelines.io.parquet import read_table
+    from pipelines.io.shards import kind_glob
+    from pipelines.io.snapshot import DEAD_LETTERS, HISTORIES
+    from schemas.layouts import DEAD_LETTER, HISTORY
+
+    sent: dict[str, int] = {}
+    jobs = [(topic, kind_glob(output, HISTORIES), HISTORY, histories_to_json),
+            (dead_topic, f"{output}/{DEAD_LETTERS}/*.parquet", DEAD_LETTER, dead_letters_to_json)]
+    for name, pattern, layout, encode in jobs:
+        if not name:
+            continue
+        ensure_topic(connection, name, partitions)
+        sink = open_sink(connection, name)
+        try:
+            for path in sorted(glob.glob(pattern)):
+                sink.send_many(encode(read_table(path, layout)))
+            sent[name] = sink.flush()
+        finally:
+            sink.close()
+    return sent
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipelines.features.pipeline import FeaturesConfig, run_features
+    from pipelines.features.sources import ReadEventsFromKafka
+    from pipelines.io.kafka.config import connection_from_args
+    from pipelines.io.kafka.consume import open_lookup
+    from pipelines.io.kafka.ranges import Position, resolve_ranges, split_ranges
+    from pipelines.runners import pipeline_options, runner_for
+
+    logging.getLogger("kafka").setLevel(logging.WARNING)  # its INFO lines are per-connection noise
+    if not args.output and not args.to_topic:
+        raise ConfigError("--output", "no destination given", "pass --output DIR and/or --to-topic TOPIC")
+    if args.max_split < 1:
+        raise ConfigError("--max-split", f"got {args.max_split}", "pass a value >= 1")
+    start, stop = Position.parse(args.start, "--from"), Position.parse(args.stop, "--to")
+    connection = connection_from_args(args)
+    options = pipeline_options(args, args.beam_args)
+    lookup = open_lookup(connection)
+    try:
+        ranges = resolve_ranges(lookup, args.topic, start, stop, _partitions(args.partitions))
+    finally:
+        lookup.close()
+    output = args.output or tempfile.mkdtemp(prefix="gem-replay-")
+    config = FeaturesConfig(
+        inputs=[f"kafka:{r.topic}/{r.partition}/{r.start}-{r.stop}" for r in ranges], output=output,
+        previous=args.previous, max_history=args.max_history, num_shards=args.num_shards,
+        windows=_windows(args), overwrite=args.overwrite,
+    )
+    source = ReadEventsFromKafka(connection, split_ranges(ranges, args.max_split), num_shards=args.num_shards,
+                                 backend=args.kafka_backend)
+    log.info("replay: %s, %d message(s) in %d partition(s)", args.topic, sum(r.size for r in ranges), len(ranges))
+    summary = run_features(config, options, runner_for(args), source)
+    summary["published"] = _publish(connection, output, args.to_topic, args.dead_letter_topic, len(ranges))
+    print(json.dumps(summary, indent=2))
+    print(f"replay: {summary.get('records_in', 0)} messages from {args.topic!r} "
+          f"[{args.start}, {args.stop}), {summary.get('events_valid', 0)} valid, "
+          f"{summary.get('dead_letters', 0)} dead letters, {summary.get('histories', 0)} histories "
+          f"in {summary['seconds']} s -> {output}"
+          + "".join(f"; {n} messages to {t!r}" for t, n in summary["published"].items()))
+    return 0

@@ -1,0 +1,171 @@
+"""Where events come from: files or Kafka, decoded by one batch decoder into the same outputs.
+
+:class:`ReadEvents` (JSONL / Parquet files) and :class:`ReadEventsFromKafka`
+(partition ranges) both give tagged outputs ``events`` ((shard, EVENT table)
+pairs), ``dead_letters`` (DEAD_LETTER tables) and ``counts`` (dicts), so
+:func:`pipelines.features.pipeline.build_features` runs on either.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import apache_beam as beam
+import pyarrow as pa
+import pyarrow.compute as pc
+from apache_beam.metrics import Metrics
+from apache_beam.pvalue import TaggedOutput
+
+from pipelines.features.decode import decode_events
+from pipelines.features.parse import ParseResult
+from pipelines.features.validate import validate_event_table
+from pipelines.io import arrow_coder  # noqa: F401 - registers the pa.Table coder
+from pipelines.io.files import Split, read_line_batches, read_row_group
+from pipelines.io.payloads import Payloads
+from pipelines.io.shards import split_by_shard
+from pipelines.io.snapshot import COUNTS, DEAD, EVENTS
+
+__all__ = ["ReadEvents", "ReadEventsFromKafka", "ReadMetrics", "counts_of", "decode_batch", "decode_lines",
+           "emit_parsed"]
+
+NAMESPACE = "features"
+
+
+def decode_lines(lines: Sequence[bytes], sources: Sequence[str], stage: str = "parse") -> ParseResult:
+    """Events and dead letters of JSONL lines (``sources[i]`` names line ``i``), by the batch decoder."""
+    return decode_events(Payloads.from_list(lines), lambda rows: [sources[int(i)] for i in rows], stage)
+
+
+def decode_batch(batch: Any, stage: str = "parse") -> ParseResult:
+    """Events and dead letters of a Kafka :class:`~pipelines.io.kafka.consume.MessageBatch`."""
+    return decode_events(batch.payloads, batch.sources, stage)
+
+
+@dataclass(frozen=True)
+class ReadMetrics:
+    """The Beam counters every read step keeps."""
+
+    records: Any
+    dead: Any
+
+    @classmethod
+    def create(cls, namespace: str) -> ReadMetrics:
+        return cls(Metrics.counter(namespace, "records_in"), Metrics.counter(namespace, "dead_letters"))
+
+
+def emit_parsed(result: ParseResult, num_shards: int, metrics: ReadMetrics) -> Iterator[Any]:
+    """One parsed batch as the read outputs: (shard, EVENT table) pairs, tagged counts and dead letters."""
+    metrics.records.inc(result.num_records)
+    metrics.dead.inc(result.dead_letters.num_rows)
+    yield TaggedOutput(COUNTS, counts_of(result))
+    yield from split_by_shard(result.events, num_shards)
+    if result.dead_letters.num_rows:
+        yield TaggedOutput(DEAD, result.dead_letters)
+
+
+def counts_of(result: ParseResult) -> dict[str, int]:
+    """The count dict a read step emits for one parsed batch (any source with ReadEvents' outputs)."""
+    reasons = Counter(result.dead_letters.column("reason").to_pylist())
+    return {"records_in": result.num_records, "dead_letters": sum(reasons.values()),
+            "max.event_time_ms": _max_event_ms(result.events),
+            **{f"dead_letters.{r}": n for r, n in reasons.items()}}
+
+
+def _max_event_ms(table: pa.Table) -> int:
+    if table.num_rows == 0:
+        return 0
+    return int(pc.max(table.column("event_time")).cast(pa.int64()).as_py() or 0)
+
+
+def _check_shards(num_shards: int) -> None:
+    if num_shards < 1:
+        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+
+
+class _ReadSplitFn(beam.DoFn):
+    """A split → (shard, EVENT table) pairs (main), DEAD_LETTER tables and count dicts (tagged)."""
+
+    def __init__(self, batch_size: int, num_shards: int) -> None:
+        self._batch_size = batch_size
+        self._num_shards = num_shards
+
+    def setup(self) -> None:
+        self._metrics = ReadMetrics.create(NAMESPACE)
+
+    def process(self, split: Split) -> Iterator[Any]:
+        for result in self._parse(split):
+            yield from emit_parsed(result, self._num_shards, self._metrics)
+
+    def _parse(self, split: Split) -> Iterator[ParseResult]:
+        if split.row_group is not None:
+            yield validate_event_table(read_row_group(split), split.path, split.first_row)
+            return
+        for lines, sources in read_line_batches(split.path, self._batch_size):
+            yield decode_lines(lines, sources)
+
+
+class ReadEvents(beam.PTransform):
+    """Splits → tagged outputs ``events`` ((shard, EVENT table) pairs), ``dead_letters``, ``counts``."""
+
+    def __init__(self, splits: Sequence[Split], *, num_shards: int, batch_size: int = 100_000) -> None:
+        super().__init__()
+        if not splits:
+            raise ValueError("ReadEvents needs at least one split")
+        _check_shards(num_shards)
+        self._splits = list(splits)
+        self._batch_size = batch_size
+        self._num_shards = num_shards
+
+    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.pvalue.DoOutputsTuple:
+        return (
+            pbegin
+            | "Splits" >> beam.Create(self._splits)
+            | "Reshuffle" >> beam.Reshuffle()
+            | "Parse" >> beam.ParDo(_ReadSplitFn(self._batch_size, self._num_shards))
+            .with_output_types(tuple[int, pa.Table])
+            .with_outputs(DEAD, COUNTS, main=EVENTS)
+        )
+
+
+class _DecodeBatchFn(beam.DoFn):
+    """A Kafka message batch → (shard, EVENT table) pairs, DEAD_LETTER tables and count dicts."""
+
+    def __init__(self, num_shards: int) -> None:
+        self._num_shards = num_shards
+
+    def setup(self) -> None:
+        self._metrics = ReadMetrics.create("kafka")
+
+    def process(self, batch: Any) -> Iterator[Any]:
+        yield from emit_parsed(decode_batch(batch), self._num_shards, self._metrics)
+
+
+class ReadEventsFromKafka(beam.PTransform):
+    """Partition ranges → tagged outputs ``events``, ``dead_letters``, ``counts`` (as :class:`ReadEvents`).
+
+    The connector (:class:`pipelines.io.kafka.beam.ReadFromKafka`) fetches the
+    raw messages; this step decodes them with the same decoder as files.
+    """
+
+    def __init__(self, connection: Any, ranges: Sequence[Any], *, num_shards: int,
+                 backend: str = "kafka-python", max_batch: int = 20_000) -> None:
+        super().__init__()
+        from pipelines.io.kafka.beam import ReadFromKafka
+
+        _check_shards(num_shards)
+        self._read = ReadFromKafka(connection, ranges, backend=backend, max_batch=max_batch)
+        self._num_shards = num_shards
+
+    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.pvalue.DoOutputsTuple:
+        return (
+            pbegin
+            | "Fetch" >> self._read
+            | "Decode" >> beam.ParDo(_DecodeBatchFn(self._num_shards))
+            .with_output_types(tuple[int, pa.Table])
+            .with_outputs(DEAD, COUNTS, main=EVENTS)
+        )
+
+

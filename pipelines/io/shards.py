@@ -1,0 +1,50 @@
+"""User sharding: which shard a user lives in (pure numpy, stable forever) and where a shard's files go."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def user_shard(user_ids: np.ndarray, num_shards: int) -> np.ndarray:
+    """Shard of each user id: a multiplicative hash, so consecutive ids spread evenly."""
+    if num_shards < 1:
+        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+    mixed = user_ids.astype(np.uint64) * _GOLDEN
+    return ((mixed >> np.uint64(32)) % np.uint64(num_shards)).astype(np.int32)
+
+
+def split_by_shard(table: pa.Table, num_shards: int) -> list[tuple[int, pa.Table]]:
+    """``table`` (with a ``user_id`` column) cut into one sub-table per shard present."""
+    if table.num_rows == 0:
+        return []
+    shards = user_shard(table.column("user_id").to_numpy(), num_shards)
+    order = np.argsort(shards, kind="stable")
+    sorted_shards = shards[order]
+    starts = np.flatnonzero(np.r_[True, sorted_shards[1:] != sorted_shards[:-1]])
+    ends = np.r_[starts[1:], len(order)]
+    taken = table.take(pa.array(order))
+    return [(int(sorted_shards[s]), taken.slice(s, e - s)) for s, e in zip(starts, ends, strict=True)]
+
+
+#: How a shard's folder is named inside a kind's folder (``histories/shard=00007/``).
+SHARD_DIR = "shard={:05d}"
+#: Matches every shard folder of a kind.
+SHARD_GLOB = "shard=*"
+
+
+def shard_dir(root: str, kind: str, shard: int) -> str:
+    """``root/kind/shard=NNNNN``: the folder of one shard of one kind of output."""
+    return "/".join([root.rstrip("/"), kind, SHARD_DIR.format(shard)])
+
+
+def shard_path(root: str, kind: str, shard: int, name: str = "part-00000.parquet") -> str:
+    """The file ``name`` in one shard's folder (batch stages write one part per shard)."""
+    return f"{shard_dir(root, kind, shard)}/{name}"
+
+
+def kind_glob(root: str, kind: str, name: str = "*.parquet") -> str:
+    """A glob over every shard's files of one kind: ``root/kind/shard=*/NAME``."""
+    return "/".join([root.rstrip("/"), kind, SHARD_GLOB, name])

@@ -1,0 +1,60 @@
+"""What the streaming job reads and writes (:class:`StreamConfig`), validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipelines.errors import ConfigError
+
+__all__ = ["StreamConfig"]
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """What the streaming job reads and writes; validated on construction."""
+
+    topic: str
+    output: str
+    group: str
+    num_shards: int = 16
+    max_history: int = 4096
+    flush_interval_s: float = 1.0
+    idle_exit_s: float | None = None
+    redeliver_after_s: float = 15.0
+    histories_topic: str | None = None
+    dead_letter_topic: str | None = None
+    model: str | None = None
+    store: str | None = None
+    candidates: tuple[str, ...] = ()
+    candidate_ttl_s: float = 86_400.0
+    device: str = "auto"
+    torch_threads: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.topic or not self.group:
+            raise ConfigError("--group", "a topic and a consumer group are needed", "pass --topic and --group")
+        if not 1 <= self.num_shards <= 4096:
+            raise ConfigError("--num-shards", f"got {self.num_shards}", "pass 1..4096")
+        if self.max_history < 1:
+            raise ConfigError("--max-history", f"got {self.max_history}", "pass a value >= 1")
+        if not 0.01 <= self.flush_interval_s <= 3600:
+            raise ConfigError("--flush-interval", f"got {self.flush_interval_s}", "pass 0.01..3600 seconds")
+        if self.idle_exit_s is not None and self.idle_exit_s <= 0:
+            raise ConfigError("--idle-exit", f"got {self.idle_exit_s}", "pass a positive number of seconds")
+        if (self.model is None) != (self.store is None):
+            raise ConfigError("--model" if self.model is None else "--store", "representations need both a model "
+                              "and a store", "pass --model MODEL_DIR and --store URI together, or neither")
+        if self.candidates and self.model is None:
+            raise ConfigError("--candidates", "candidate sets are only read to refresh pair representations",
+                              "pass --model and --store too, or drop --candidates")
+        if self.candidate_ttl_s <= 0:
+            raise ConfigError("--candidate-ttl", f"got {self.candidate_ttl_s}", "pass a positive number of seconds")
+        if self.torch_threads < 1:
+            raise ConfigError("--torch-threads", f"got {self.torch_threads}", "pass 1 or more")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError("--device", f"got {self.device!r}", "pass auto, cpu or cuda")
+
+    @property
+    def refresh(self) -> bool:
+        """Whether flushed histories go on to the representation refresh."""
+        return self.model is not None

@@ -1,0 +1,315 @@
+"""Streaming histories: Kafka (unbounded) → per-shard state + timers → flush files, topics, commits.
+
+The job, on a streaming runner (Beam's Prism, built by ``make prism``):
+
+1. ``ReadPartition`` (an unbounded splittable DoFn per partition) polls from the
+   consumer group's committed offset, decodes each batch with the batch decoder
+   and emits (shard, EVENT table + ``_partition``/``_offset``) pairs, dead
+   letters, and acknowledgements for offsets that hold no record;
+2. ``AppendHistories`` is keyed by user shard: it buffers event tables in the
+   worker (:data:`pipelines.streaming.state.PENDING`) and, once the oldest has
+   waited ``flush_interval_s`` (and at the end of input: an event-time timer),
+   has the worker's flush thread (:mod:`pipelines.streaming.flush`) merge
+   them into the shard's histories (late events go to their place by event
+   time), write the changed rows as a Parquet flush file (atomically) and
+   publish them to a topic when asked (confirmed); the next bundles emit the
+   acknowledgements of the flushed offsets. The shard's flush files are its
+   state; the worker keeps it in memory between flushes
+   (:data:`pipelines.streaming.state.SHARD_STATES`) and checks it against the
+   files under the shard lock. With a model and a store, each flush's touched
+   users' representations are written to the online store
+   (:mod:`pipelines.streaming.refresh`, on a worker thread too) before its
+   acknowledgements are emitted;
+3. dead letters are written (Parquet, optional topic) and acknowledged likewise;
+4. ``CommitOffsets``, keyed by partition, commits to the group the first offset
+   not yet durable (:class:`pipelines.streaming.state.OffsetLedger`).
+
+So a commit never gets ahead of what is durable. After a crash (even SIGKILL)
+the job restarts from the committed offsets, rebuilds each shard's state from
+its flush files, and the merge drops events that a history already holds (same
+event_id): no event lost, none counted twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+from apache_beam.io.restriction_trackers import OffsetRange, OffsetRestrictionTracker
+from apache_beam.pvalue import TaggedOutput
+from apache_beam.transforms.core import RestrictionProvider
+from apache_beam.transforms.timeutil import TimeDomain
+from apache_beam.transforms.userstate import TimerSpec, on_timer
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.timestamp import Duration
+
+from pipelines.features.decode import decode_indexed
+from pipelines.io.kafka.config import KafkaConnection
+from pipelines.io.kafka.consume import PartitionPoller
+from pipelines.io.shards import split_by_shard
+from pipelines.streaming.acks import CommitOffsetsFn, WriteDeadLettersFn, open_sink
+from pipelines.streaming.config import StreamConfig
+from pipelines.streaming.state import OFFSET, PARTITION
+from schemas.layouts import EVENT
+
+__all__ = ["PartitionStart", "StreamConfig", "build_stream", "start_offsets"]
+
+log = logging.getLogger(__name__)
+
+ACKS, DEAD = "acks", "dead_letters"
+_END = 2**62
+_EMPTY_EVENTS = pa.schema([*EVENT.schema, pa.field(PARTITION, pa.int32()), pa.field(OFFSET, pa.int64())]).empty_table()
+
+
+@dataclass(frozen=True)
+class PartitionStart:
+    topic: str
+    partition: int
+    start: int
+
+
+class _Tracker(OffsetRestrictionTracker):
+    """Offsets of an unbounded partition: only checkpoints (``defer_remainder``) split it."""
+
+    def try_split(self, fraction_of_remainder: float) -> Any:
+        return super().try_split(0) if fraction_of_remainder == 0 else None
+
+
+class _Restrictions(RestrictionProvider):
+    def initial_restriction(self, element: PartitionStart) -> OffsetRange:
+        return OffsetRange(element.start, _END)
+
+    def create_tracker(self, restriction: OffsetRange) -> _Tracker:
+        return _Tracker(restriction)
+
+    def restriction_size(self, element: PartitionStart, restriction: OffsetRange) -> int:
+        return 1
+
+    def truncate(self, element: PartitionStart, restriction: OffsetRange) -> None:
+        return None  # on drain, stop reading
+
+
+# Beam takes state, timers and restrictions as parameter defaults; module-level singletons keep that readable.
+_END_OF_INPUT = TimerSpec("end_of_input", TimeDomain.WATERMARK)
+END_OF_INPUT, KEY = beam.DoFn.TimerParam(_END_OF_INPUT), beam.DoFn.KeyParam
+RESTRICTION = beam.DoFn.RestrictionParam(_Restrictions())
+
+
+class _ReadPartitionFn(beam.DoFn):
+    """One partition, unbounded: each call emits one polled batch (or waits up to 0.5 s), then checkpoints."""
+
+    def __init__(self, connection: KafkaConnection, config: StreamConfig) -> None:
+        self._connection, self._config = connection, config
+
+    def setup(self) -> None:
+        from kafka import KafkaConsumer
+
+        from pipelines.io.kafka.consume import KafkaPythonFetcher
+
+        self._poller = PartitionPoller(self._connection)
+        self._group = KafkaConsumer(**self._connection.kafka_python(), group_id=self._config.group,
+                                    enable_auto_commit=False)
+        self._refetch = KafkaPythonFetcher(self._connection, stall_s=30)
+        self._idle_since: dict[int, float] = {}
+        self._last_tick: dict[int, float] = {}
+        self._commits: dict[int, tuple[int, float, float]] = {}  # partition -> (committed, since, checked)
+
+    @beam.DoFn.unbounded_per_element()
+    def process(self, element: PartitionStart, tracker: Any = RESTRICTION) -> Iterator[Any]:
+        position = tracker.current_restriction().start
+        # A bundle's output moves on only when the bundle ends: so end it as soon as one
+        # batch is out (or after a short idle wait), and resume from a checkpoint.
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
+            batch, after = self._poller.poll(element.topic, element.partition, position, timeout_s=0.1)
+            if after > position and not tracker.try_claim(after - 1):
+                return
+            yield from self._redeliver(element, position)
+            if batch is None:
+                if after > position:  # offsets without a record (transaction markers, compaction)
+                    yield TaggedOutput(ACKS, (element.partition, np.arange(position, after, dtype=np.int64)))
+                    position = after
+                if self._idle(element.partition, position):
+                    tracker.try_claim(_END)  # done: the restriction is finished
+                    return
+                yield from self._ticks(element.partition)
+                continue
+            self._idle_since.pop(element.partition, None)
+            yield from self._emit(element, batch, position, after)
+            break
+        tracker.defer_remainder(Duration.of(0.0))
+
+    def _ticks(self, partition: int) -> Iterator[Any]:
+        """On a quiet topic, now and then an empty table to every shard and an empty
+        acknowledgement, so that buffered events are flushed and offsets committed."""
+        now = time.monotonic()
+        if now - self._last_tick.get(partition, 0.0) >= self._config.flush_interval_s:
+            self._last_tick[partition] = now
+            yield from ((shard, _EMPTY_EVENTS) for shard in range(self._config.num_shards))
+            yield TaggedOutput(ACKS, (partition, np.zeros(0, np.int64)))
+
+    def _idle(self, partition: int, position: int) -> bool:
+        """No message for ``idle_exit_s`` and everything read is committed (so nothing is left behind)."""
+        limit = self._config.idle_exit_s
+        since = self._idle_since.setdefault(partition, time.monotonic())
+        committed = self._commits.get(partition, (-1, 0.0, 0.0))[0]
+        return limit is not None and time.monotonic() - since > limit and committed >= position
+
+    def _redeliver(self, element: PartitionStart, position: int) -> Iterator[Any]:
+        """Read again what stayed unacknowledged for ``redeliver_after_s`` (at-least-once; the merge
+        drops what a history already holds). Covers events a runner loses between stages: Prism was
+        seen to drop buffered state under load."""
+        from kafka import TopicPartition
+        from kafka.errors import KafkaError
+
+        from pipelines.io.kafka.ranges import PartitionRange
+
+        p, now = element.partition, time.monotonic()
+        seen, since, checked = self._commits.get(p, (-1, now, 0.0))
+        if now - checked < 1.0:
+            return
+        try:
+            found = self._group.committed(TopicPartition(element.topic, p))
+        except KafkaError:  # broker away: look again later
+            self._commits[p] = (seen, since, now)
+            return
+        committed = element.start if found is None else int(found)
+        if committed != seen or committed >= position:
+            self._commits[p] = (committed, now, now)
+            return
+        self._commits[p] = (committed, since, now)
+        if now - since < self._config.redeliver_after_s:
+            return
+        log.warning("%s/%s: offsets [%d, %d) unacknowledged for %.0f s: reading them again",
+                    element.topic, p, committed, position, now - since)
+        for batch in self._refetch.fetch(PartitionRange(element.topic, p, committed, position)):
+            yield from self._emit(element, batch, int(batch.offsets[0]), int(batch.offsets[-1]) + 1)
+        self._commits[p] = (committed, now, now)
+
+    def _emit(self, element: PartitionStart, batch: Any, position: int, after: int) -> Iterator[Any]:
+        decoded = decode_indexed(batch.payloads, batch.sources)
+        events = decoded.result.events
+        offsets = batch.offsets
+        events = events.append_column(PARTITION, pa.array(np.full(events.num_rows, element.partition, np.int32)))
+        events = events.append_column(OFFSET, pa.array(offsets[decoded.event_rows]))
+        yield from split_by_shard(events, self._config.num_shards)
+        if len(decoded.dead_rows):
+            yield TaggedOutput(DEAD, (element.partition, offsets[decoded.dead_rows], decoded.result.dead_letters))
+        gaps = np.setdiff1d(np.arange(position, after, dtype=np.int64), offsets)
+        if len(gaps):
+            yield TaggedOutput(ACKS, (element.partition, gaps))
+
+    def teardown(self) -> None:
+        self._poller.close()
+        self._group.close()
+        self._refetch.close()
+
+
+class _AppendHistoriesFn(beam.DoFn):
+    """Keyed by shard: buffer events; flush them into the histories, then acknowledge their offsets.
+
+    A flush is requested when an element (data, or the reader's periodic empty
+    tick) arrives and the oldest buffered one has waited ``flush_interval_s``,
+    and once more when the input ends (an event-time timer at the end of the
+    global window, which waits for it). It runs on the worker's flush thread;
+    every call emits the acknowledgements of the flushes finished so far (with
+    ``config.refresh``: of the flushes whose representations the worker's
+    :class:`pipelines.streaming.refresh.RefreshQueue` has written).
+    Processing-time timers are not used: on Prism they fire late while a stage
+    keeps receiving bundles. The buffer is not bag state either: Prism ran
+    overlapping bundles of one key that lost appends (see ``PendingEvents``).
+    """
+
+    def __init__(self, connection: KafkaConnection, config: StreamConfig) -> None:
+        self._connection, self._config = connection, config
+
+    def setup(self) -> None:
+        from pipelines.streaming.flush import Coalescer, flush_shards, shared_worker
+        from pipelines.streaming.refresh import RefreshProcess, RefreshQueue
+        from pipelines.streaming.state import PENDING
+
+        config = self._config
+        output = config.output
+
+        def make() -> tuple[Coalescer[tuple[int, np.ndarray]], RefreshQueue | None]:
+            sink = open_sink(self._connection, config.histories_topic)
+            refresh = RefreshQueue(RefreshProcess(config)) if config.refresh else None
+
+            def flush(shards: list[int]) -> list[tuple[int, np.ndarray]]:
+                done = flush_shards(output, {s: PENDING.take((output, s)) for s in shards},
+                                    num_shards=config.num_shards, max_history=config.max_history, sink=sink)
+                if refresh is None:
+                    return done.acks
+                refresh.submit(done)  # acknowledged once its representations are written
+                return []
+
+            return Coalescer(flush, "flush"), refresh
+
+        self._flusher, self._refresh = shared_worker(output, make)
+
+    def process(self, element: tuple[int, pa.Table], end: Any = END_OF_INPUT) -> Iterator[tuple[int, np.ndarray]]:
+        from pipelines.streaming.state import PENDING
+
+        shard, table = element
+        key, now = (self._config.output, shard), time.monotonic()
+        if table.num_rows and PENDING.add(key, table, now):
+            end.set(GlobalWindow().max_timestamp())
+        if PENDING.due(key, now, self._config.flush_interval_s):
+            self._flusher.request(shard)
+        yield from self._flusher.finished()
+        if self._refresh is not None:
+            yield from self._refresh.finished()
+
+    @on_timer(_END_OF_INPUT)
+    def on_end(self, shard: Any = KEY) -> Iterator[tuple[int, np.ndarray]]:
+        self._flusher.request(shard)
+        yield from self._flusher.wait()
+        if self._refresh is not None:
+            yield from self._refresh.wait()
+
+
+def build_stream(p: beam.Pipeline, connection: KafkaConnection, config: StreamConfig,
+                 starts: Sequence[PartitionStart]) -> None:
+    """Add the streaming histories job to ``p`` (a streaming pipeline)."""
+    read = (
+        p
+        | "Partitions" >> beam.Create(list(starts))
+        | "ReadPartition" >> beam.ParDo(_ReadPartitionFn(connection, config))
+        .with_output_types(tuple[int, pa.Table]).with_outputs(ACKS, DEAD, main="events")
+    )
+    flushed = read["events"] | "AppendHistories" >> beam.ParDo(_AppendHistoriesFn(connection, config))
+    written = read[DEAD] | "WriteDeadLetters" >> beam.ParDo(WriteDeadLettersFn(connection, config))
+    _ = (
+        (flushed, written, read[ACKS])
+        | "AllAcks" >> beam.Flatten()
+        | "CommitOffsets" >> beam.ParDo(CommitOffsetsFn(connection, config, {s.partition: s.start for s in starts}))
+    )
+
+
+def start_offsets(connection: KafkaConnection, topic: str, group: str, fallback: Any) -> list[PartitionStart]:
+    """Per partition: the group's committed offset, else ``fallback`` (a :class:`Position`) resolved."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    from pipelines.io.kafka.consume import open_lookup
+    from pipelines.io.kafka.ranges import resolve_ranges
+
+    lookup = open_lookup(connection)
+    try:
+        ranges = resolve_ranges(lookup, topic, fallback, fallback)
+    finally:
+        lookup.close()
+    consumer = KafkaConsumer(**connection.kafka_python(), group_id=group, enable_auto_commit=False)
+    try:
+        starts = []
+        for r in ranges:
+            committed = consumer.committed(TopicPartition(topic, r.partition))
+            starts.append(PartitionStart(topic, r.partition, r.start if committed is None else int(committed)))
+        return starts
+    finally:
+        consumer.close()

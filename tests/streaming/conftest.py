@@ -1,0 +1,5 @@
+"""The streaming tests share the precompute tests' generated world (for the representation refresh)."""
+
+from __future__ import annotations
+
+from tests.precompute.conftest import world  # noqa: F401 - a fixture, used by name

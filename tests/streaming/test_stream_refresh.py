@@ -1,0 +1,100 @@
+"""Streaming histories hand their users to precompute: representations in a real Redis, real broker, Prism."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines.io.kafka.config import KafkaConnection
+from pipelines.store import open_store
+from pipelines.store.redis_store import default_redis_url
+from tests.conftest import require_redis
+from tests.fixtures.kafka import MakeTopic, produce
+from tests.streaming.test_streaming import _committed, _keyed, _replay, _stream_cmd
+
+pytestmark = pytest.mark.integration
+
+
+def _world(tmp_path: Path) -> tuple[list[bytes], Path, Path]:
+    """Events (JSON lines, a few malformed), candidate sets and an untrained tiny model."""
+    import torch
+
+    from pipelines.model import GemConfig, GemModel, save_checkpoint
+
+    events, candidates = tmp_path / "events.jsonl", tmp_path / "candidates.parquet"
+    subprocess.run([sys.executable, "-m", "pipelines", "generate", "--users", "80", "--days", "2", "--seed", "31",
+                    "--output", str(events), "--candidates", str(candidates), "--requests", "60",
+                    "--bad-fraction", "0.01", "--duplicate-fraction", "0.03"],
+                   check=True, capture_output=True, timeout=120)
+    torch.manual_seed(0)
+    config = GemConfig(d_model=16, num_heads=2, num_layers=2, max_len=48, block_size=16, representation_dim=8)
+    save_checkpoint(GemModel(config), tmp_path / "model")
+    lines = [raw for raw in events.read_bytes().splitlines() if raw.strip()]
+    return lines, candidates, tmp_path / "model"
+
+
+def _user_rows(store_uri: str, users: list[int]) -> dict[str, np.ndarray]:
+    with open_store(store_uri) as store:
+        got = store.read_batch([(u, None) for u in users])
+    return {"found": got.found, "embedding": got.embedding, "watermark": got.history_watermark_ms}
+
+
+def test_streamed_users_get_the_batch_precompute_representation_before_their_offsets_commit(
+    kafka: KafkaConnection, make_topic: MakeTopic, tmp_path: Path, prism: str
+) -> None:
+    require_redis(default_redis_url())
+    store = f"{default_redis_url()}?namespace=gem-test:{uuid.uuid4().hex}:"
+    lines, candidates, model = _world(tmp_path)
+    topic, group = make_topic(2), f"g-{uuid.uuid4().hex[:8]}"
+    produce(kafka, topic, lines, keys=_keyed(lines))
+    out = tmp_path / "stream"
+    done = subprocess.run(_stream_cmd(topic, group, out, "--idle-exit", "3", "--model", str(model), "--store", store,
+                                      "--candidates", str(candidates), "--candidate-ttl", "3600"),
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sum(c or 0 for c in _committed(kafka, topic, group, 2)) == len(lines)
+
+    # the same histories replayed in batch, then the batch precompute's user-level rows
+    histories = _replay(topic, tmp_path / "batch")
+    batch_reps = tmp_path / "reps"
+    subprocess.run([sys.executable, "-m", "pipelines", "precompute", "--features", str(tmp_path / "batch"),
+                    "--candidates", str(candidates), "--model", str(model), "--output", str(batch_reps),
+                    "--all-users"], check=True, capture_output=True, timeout=300)
+    reps = pa.concat_tables(pq.read_table(f) for f in sorted((batch_reps / "representations").glob("*/*.parquet")))
+    reps = reps.filter(reps.column("ad_id").is_null()).sort_by("user_id")
+    users = reps.column("user_id").to_pylist()
+    assert users == histories.column("user_id").to_pylist()
+
+    streamed = _user_rows(store, users)
+    assert streamed["found"].all()  # every user of the topic has a user-level representation
+    want = np.asarray(reps.column("embedding").combine_chunks().flatten(), np.float32).reshape(len(users), -1)
+    np.testing.assert_allclose(streamed["embedding"], want, atol=2e-3)
+    # each row says which events it has seen: up to the user's last one
+    assert streamed["watermark"].tolist() == histories.column("last_event_time").cast(pa.int64()).to_pylist()
+
+    # pairs: a user whose latest candidate set is recent at their last event (request at most the TTL,
+    # 3,600 s, before it) has them all; one whose set is older than the TTL before their first event, none
+    latest: dict[int, dict] = {}
+    for row in sorted(pq.read_table(candidates).to_pylist(), key=lambda r: r["request_time"]):
+        latest[row["user_id"]] = row
+    ttl = np.timedelta64(3600, "s").item()
+    recent, stale = [], []
+    for user, last, events in zip(users, histories.column("last_event_time").to_pylist(),
+                                  histories.column("events").to_pylist(), strict=True):
+        if user in latest:
+            request = latest[user]["request_time"]
+            if request >= last - ttl:
+                recent.append(latest[user])
+            elif request < min(e["event_time"] for e in events) - ttl:
+                stale.append(latest[user])
+    assert recent and stale
+    with open_store(store) as s:
+        assert s.read_batch([(r["user_id"], a) for r in recent for a in r["ad_ids"]]).found.all()
+        assert not s.read_batch([(r["user_id"], a) for r in stale for a in r["ad_ids"]]).found.any()

@@ -1,0 +1,152 @@
+"""Pure streaming state: the offset ledger, shard merges, flush files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipelines.features.histories import build_histories
+from pipelines.streaming.state import (
+    OffsetLedger,
+    PendingEvents,
+    ShardStates,
+    flush_path,
+    latest_histories,
+    merge_shard,
+    write_flush,
+)
+from tests.features.factories import event, events_table
+
+
+@given(st.integers(0, 50), st.integers(0, 60), st.randoms(use_true_random=False), st.integers(1, 7))
+def test_ledger_next_is_the_first_offset_not_yet_durable(start: int, count: int, rng, chunks: int) -> None:
+    offsets = list(range(start, start + count))
+    rng.shuffle(offsets)
+    reported = offsets[: rng.randint(0, count)] if count else []
+    ledger = OffsetLedger(start)
+    for part in np.array_split(np.asarray(reported, dtype=np.int64), chunks):
+        ledger.add(part)
+        ledger.add(part)  # reported twice (a retried bundle): no effect
+        assert ledger.next >= start
+    durable = set(reported)
+    expected = start
+    while expected in durable:
+        expected += 1
+    assert ledger.next == expected
+    assert set(ledger.pending.tolist()) == {o for o in durable if o > expected}
+
+
+def _events(rng: np.random.Generator, n: int, prefix: str) -> pa.Table:
+    return events_table([event(f"{prefix}{i}", int(rng.integers(0, 6)), int(rng.integers(0, 10_000)),
+                               event_type=int(rng.integers(0, 3))) for i in range(n)])
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**32), st.lists(st.integers(1, 30), min_size=1, max_size=5), st.sampled_from([1, 3, 8, 1000]))
+def test_flushing_in_pieces_equals_one_build(seed: int, sizes: list[int], max_history: int) -> None:
+    rng = np.random.default_rng(seed)
+    pieces = [_events(rng, n, f"p{k}-") for k, n in enumerate(sizes)]
+    if max_history == 1000:
+        # Redeliveries (same event_id) of events still in the history are dropped. (One that
+        # was already evicted into the summary would count again: histories.py says so.)
+        pieces.append(pieces[0].slice(0, max(1, pieces[0].num_rows // 2)))
+    state = None
+    for piece in pieces:
+        if piece.num_rows:
+            state = merge_shard(piece, state, max_history=max_history).state
+    whole = build_histories(pa.concat_tables(pieces), max_history=max_history).histories
+    assert state is not None
+    assert state.drop_columns(["watermark"]).equals(whole.drop_columns(["watermark"]))
+
+
+def test_latest_histories_keep_the_newest_row_per_user(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    first = merge_shard(_events(rng, 20, "a"), None, max_history=50)
+    second = merge_shard(_events(rng, 5, "b"), first.state, max_history=50)
+    write_flush(first.changed, flush_path(str(tmp_path), 3, clock_ns=1))
+    write_flush(second.changed, flush_path(str(tmp_path), 3, clock_ns=2))
+    assert latest_histories(str(tmp_path), 3).equals(second.state)
+    assert latest_histories(str(tmp_path)).equals(second.state)
+    assert latest_histories(str(tmp_path), 4).num_rows == 0
+    assert not list(tmp_path.rglob(".*.tmp"))
+
+
+def test_a_full_file_starts_the_state_and_older_files_are_ignored(tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    first = merge_shard(_events(rng, 20, "a"), None, max_history=50)
+    write_flush(first.changed, flush_path(str(tmp_path), 0, clock_ns=1))
+    second = merge_shard(_events(rng, 20, "b"), first.state, max_history=50)
+    write_flush(second.state, flush_path(str(tmp_path), 0, clock_ns=2, full=True))
+    third = merge_shard(_events(rng, 3, "c"), second.state, max_history=50)
+    write_flush(third.changed, flush_path(str(tmp_path), 0, clock_ns=3))
+    # A stale flush file older than the full one must not win over it.
+    write_flush(first.changed, flush_path(str(tmp_path), 0, clock_ns=0))
+    assert latest_histories(str(tmp_path), 0).equals(third.state)
+
+
+def test_cached_shard_state_follows_the_files_whoever_writes_them(tmp_path: Path) -> None:
+    out, rng = str(tmp_path), np.random.default_rng(3)
+    states, other = ShardStates(), ShardStates()  # this job, and a second writer (another process)
+    state, files = states.load(out, 0)
+    assert (state.num_rows, files) == (0, 0)
+    clock = iter(range(1, 100))
+    for k, (writer, full) in enumerate([(states, False), (states, False), (other, False), (states, True),
+                                        (states, False), (other, True), (states, False)]):
+        state, _ = writer.load(out, 0)
+        merged = merge_shard(_events(rng, 15, f"w{k}-"), state, max_history=40)
+        path = write_flush(merged.state if full else merged.changed, flush_path(out, 0, next(clock), full=full))
+        writer.wrote(out, 0, path, merged.state, full=full)
+        for reader in (states, other):
+            assert reader.load(out, 0)[0].equals(latest_histories(out, 0))
+        assert latest_histories(out, 0).equals(merged.state)
+    # A file named before the newest one the cache knows (a late writer) is not missed either.
+    late = merge_shard(_events(rng, 5, "late-"), None, max_history=40)
+    write_flush(late.changed, flush_path(out, 0, 50))
+    write_flush(late.changed, flush_path(out, 0, 0))
+    assert states.load(out, 0)[0].equals(latest_histories(out, 0))
+    assert states.load(out, 0)[1] == 3  # the last full file (stamp 6), then stamps 7 and 50; 0 is before it
+
+
+def test_pending_events_are_due_once_the_oldest_has_waited() -> None:
+    rng = np.random.default_rng(4)
+    pending, key, other = PendingEvents(), ("out", 0), ("out", 1)
+    a, b, c = (_events(rng, 3, p) for p in "abc")
+    assert not pending.due(key, now=10.0, after_s=0.0)  # nothing buffered
+    assert pending.add(key, a, now=10.0)  # the first table arms the key
+    assert not pending.add(key, b, now=10.2)
+    assert pending.add(other, c, now=10.2)
+    assert not pending.due(key, now=10.2, after_s=0.25)  # the oldest waited 0.2 s
+    assert pending.due(key, now=10.3, after_s=0.25)
+    assert pending.take(key) == [a, b]
+    assert not pending.due(key, now=99.0, after_s=0.25)  # empty, and disarmed
+    assert pending.take(key) == []
+    assert pending.add(key, a, now=11.0)
+    assert pending.take(other) == [c]
+
+
+def test_path_lock_serialises_threads(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    from pipelines.streaming.state import shard_lock
+
+    inside, overlaps = [0], [0]
+
+    def work() -> None:
+        for _ in range(20):
+            with shard_lock(str(tmp_path), 1):
+                inside[0] += 1
+                overlaps[0] = max(overlaps[0], inside[0])
+                time.sleep(0.001)
+                inside[0] -= 1
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert overlaps[0] == 1
