@@ -28,8 +28,24 @@ def generate(users: int, days: int, output: Path, seed: int = 11, flags: Sequenc
     if output.exists():
         return output
     output.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pipelines", "generate", "--users", str(users), "--days", str(days),
-                    "--seed", str(seed), "--output", str(output), *flags], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipelines",
+            "generate",
+            "--users",
+            str(users),
+            "--days",
+            str(days),
+            "--seed",
+            str(seed),
+            "--output",
+            str(output),
+            *flags,
+        ],
+        check=True,
+    )
     return output
 
 
@@ -47,4 +63,3 @@ def untrained_model(directory: Path) -> Path:
 
 def result(name: str, ratio: float, target: float, text: str) -> None:
     print(f"RESULT {name} ratio={ratio:.3f} target={target:g} {text}", flush=True)
-

@@ -51,8 +51,9 @@ def main() -> None:
     for attempt in range(REPEAT):
         shutil.rmtree(WORK / "features-out", ignore_errors=True)
         n, polars_s = timed(lambda: polars_baseline(events_path, str(WORK / "features-out" / "polars")))
-        summary, beam_s = timed(lambda: beam_run(events_path, str(WORK / "features-out" / "beam"),
-                                                 mode, workers, shards))
+        summary, beam_s = timed(
+            lambda: beam_run(events_path, str(WORK / "features-out" / "beam"), mode, workers, shards)
+        )
         assert summary["events_valid"] + summary["duplicates"] == n, "Beam lost or invented events"
         polars_times.append(polars_s)
         beam_times.append(beam_s)
@@ -60,10 +61,16 @@ def main() -> None:
     polars_rate, beam_rate = n / min(polars_times), n / min(beam_times)
     print(f"events: {n}  users: {summary['histories']}  training examples: {summary['training_examples']}")
     print(f"polars baseline (best of {REPEAT}): {min(polars_times):.2f} s  {polars_rate / 1e3:.0f} k events/s")
-    print(f"beam ({mode}, {workers} worker(s), {shards} shards, best of {REPEAT}): "
-          f"{min(beam_times):.2f} s  {beam_rate / 1e3:.0f} k events/s")
-    result("features", beam_rate / polars_rate, 0.7,
-           f"beam {beam_rate / 1e3:.0f}k ev/s vs polars {polars_rate / 1e3:.0f}k ev/s on {n} events")
+    print(
+        f"beam ({mode}, {workers} worker(s), {shards} shards, best of {REPEAT}): "
+        f"{min(beam_times):.2f} s  {beam_rate / 1e3:.0f} k events/s"
+    )
+    result(
+        "features",
+        beam_rate / polars_rate,
+        0.7,
+        f"beam {beam_rate / 1e3:.0f}k ev/s vs polars {polars_rate / 1e3:.0f}k ev/s on {n} events",
+    )
 
 
 if __name__ == "__main__":

@@ -61,9 +61,11 @@ USERS = 2_000
 
 def _event(i: int, now_ms: int, rng: np.random.Generator) -> tuple[bytes, bytes]:
     user = int(rng.integers(0, USERS))
-    value = (f'{{"event_id":"f{i}","user_id":{user},"item_id":{int(rng.integers(0, 10**6))},"is_ad":false,'
-             f'"advertiser_id":null,"item_category":3,"surface":"instagram_reels","event_type":"impression",'
-             f'"event_time":{now_ms},"value":1.0,"device":"ios"}}')
+    value = (
+        f'{{"event_id":"f{i}","user_id":{user},"item_id":{int(rng.integers(0, 10**6))},"is_ad":false,'
+        f'"advertiser_id":null,"item_category":3,"surface":"instagram_reels","event_type":"impression",'
+        f'"event_time":{now_ms},"value":1.0,"device":"ios"}}'
+    )
     return str(user).encode(), value.encode()
 
 
@@ -128,8 +130,10 @@ def _percentiles(name: str, lat: np.ndarray, missing: int) -> None:
         print(f"produce -> {name}: nothing visible ({missing} events)")
         return
     p50, p99 = (float(np.percentile(lat, q)) for q in (50, 99))
-    print(f"produce -> {name}: p50 {p50 * 1000:.0f} ms  p99 {p99 * 1000:.0f} ms  max {lat.max() * 1000:.0f} ms  "
-          f"({missing} not visible)")
+    print(
+        f"produce -> {name}: p50 {p50 * 1000:.0f} ms  p99 {p99 * 1000:.0f} ms  max {lat.max() * 1000:.0f} ms  "
+        f"({missing} not visible)"
+    )
 
 
 class Legs(NamedTuple):
@@ -158,8 +162,11 @@ def main() -> None:
     runs = []
     for rate in RATES:
         legs = measure(rate)
-        print(f"events: {rate * SECONDS} at {rate}/s for {SECONDS} s over {USERS} users; flush interval {FLUSH_S} s, "
-              f"store read every {POLL_S} s", flush=True)
+        print(
+            f"events: {rate * SECONDS} at {rate}/s for {SECONDS} s over {USERS} users; flush interval {FLUSH_S} s, "
+            f"store read every {POLL_S} s",
+            flush=True,
+        )
         _percentiles("history visible", legs.history, legs.history_missing)
         _percentiles("representation in the store", legs.store, legs.store_missing)
         runs.append(legs)
@@ -168,12 +175,20 @@ def main() -> None:
     history_p99, store_p99 = chosen.p99()
     met = ", ".join(str(legs.rate) for legs in passing) or "none"
     at = f"at {chosen.rate} events/s (both legs within {BOUND_S} s at: {met} events/s)"
-    result("freshness-store", BOUND_S / store_p99, 1,
-           f"p99 {store_p99:.2f} s, p50 {_p50(chosen.store):.2f} s {at}: produce -> user representation in Redis "
-           f"that has seen the event; {chosen.store_missing} events missing")
-    result("freshness", BOUND_S / history_p99, 1,
-           f"p99 {history_p99:.2f} s, p50 {_p50(chosen.history):.2f} s {at}, Prism, flush {FLUSH_S} s; "
-           f"{chosen.history_missing} events missing")
+    result(
+        "freshness-store",
+        BOUND_S / store_p99,
+        1,
+        f"p99 {store_p99:.2f} s, p50 {_p50(chosen.store):.2f} s {at}: produce -> user representation in Redis "
+        f"that has seen the event; {chosen.store_missing} events missing",
+    )
+    result(
+        "freshness",
+        BOUND_S / history_p99,
+        1,
+        f"p99 {history_p99:.2f} s, p50 {_p50(chosen.history):.2f} s {at}, Prism, flush {FLUSH_S} s; "
+        f"{chosen.history_missing} events missing",
+    )
 
 
 def _p50(lat: np.ndarray) -> float:
@@ -194,11 +209,35 @@ def measure(rate: int) -> Legs:
     out.mkdir(parents=True, exist_ok=True)
     ensure_topic(connection, topic, 4)
     store_uri = f"{default_redis_url()}?namespace=bench-fresh:{topic}:"
-    job = subprocess.Popen([sys.executable, "-m", "pipelines", "stream", "--topic", topic, "--group", group,
-                            "--output", str(out), "--num-shards", "4", "--flush-interval", str(FLUSH_S),
-                            "--bootstrap-servers", bootstrap, "--model", str(untrained_model(out / "model")),
-                            "--store", store_uri, "--device", "cpu"], stdout=subprocess.DEVNULL,
-                           stderr=open(WORK / "freshness" / f"{topic}.log", "wb"), start_new_session=True)
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pipelines",
+            "stream",
+            "--topic",
+            topic,
+            "--group",
+            group,
+            "--output",
+            str(out),
+            "--num-shards",
+            "4",
+            "--flush-interval",
+            str(FLUSH_S),
+            "--bootstrap-servers",
+            bootstrap,
+            "--model",
+            str(untrained_model(out / "model")),
+            "--store",
+            store_uri,
+            "--device",
+            "cpu",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(WORK / "freshness" / f"{topic}.log", "wb"),
+        start_new_session=True,
+    )
     watcher, stored = Watcher(out), StoreWatcher(store_uri)
     sink = KafkaSink(connection, topic, linger_ms=2)
     rng = np.random.default_rng(5)

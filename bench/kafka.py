@@ -65,8 +65,9 @@ def ensure_kcat() -> str:
         return found
     print("kcat missing: apt-get install kcat", flush=True)
     subprocess.run(["apt-get", "update", "-qq"], check=True)
-    subprocess.run(["apt-get", "install", "-y", "-qq", "kcat"], check=True,
-                   env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    subprocess.run(
+        ["apt-get", "install", "-y", "-qq", "kcat"], check=True, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    )
     return shutil.which("kcat") or "kcat"
 
 
@@ -125,8 +126,9 @@ def consume_to_arrow(connection: KafkaConnection, ranges: list[PartitionRange], 
     return Read(events, dead, time.process_time() - cpu)
 
 
-def consume_parallel(pool: ProcessPoolExecutor, connection: KafkaConnection, ranges: list[PartitionRange],
-                     backend: str) -> Read:
+def consume_parallel(
+    pool: ProcessPoolExecutor, connection: KafkaConnection, ranges: list[PartitionRange], backend: str
+) -> Read:
     """Every range read once, by READERS processes that each take the next piece (a quarter of a reader's
     share of the messages) when they come free, as Beam's workers take split ranges (``replay --max-split``):
     partitions differ in size (keyed by user: 0.48M-0.61M messages here), and a reader that was dealt whole
@@ -166,8 +168,9 @@ def cpu_of(fn: Callable[[], Read | None]) -> tuple[Read | None, Measured]:
 
 def kcat_to_null(kcat: str, topic: str) -> None:
     with open(os.devnull, "wb") as null:
-        subprocess.run([kcat, "-C", "-b", BOOTSTRAP, "-t", topic, "-o", "beginning", "-e", "-q"], stdout=null,
-                       check=True)
+        subprocess.run(
+            [kcat, "-C", "-b", BOOTSTRAP, "-t", topic, "-o", "beginning", "-e", "-q"], stdout=null, check=True
+        )
 
 
 def main() -> None:
@@ -204,20 +207,27 @@ def main() -> None:
     print(f"messages: {n} in {PARTITIONS} partitions ({users} users); CPU in us per message")
     for name, run in runs.items():
         what = "to /dev/null" if name == "kcat" else "to Arrow (fetch + decode)"
-        print(f"consume {name:>15} {what:<25}: {rates[name] / 1e3:8.1f} k msg/s   "
-              f"CPU reader {run.cpu_s / n * 1e6:5.2f}  broker {run.broker_s / n * 1e6:5.2f}")
+        print(
+            f"consume {name:>15} {what:<25}: {rates[name] / 1e3:8.1f} k msg/s   "
+            f"CPU reader {run.cpu_s / n * 1e6:5.2f}  broker {run.broker_s / n * 1e6:5.2f}"
+        )
     for name, rate in produce_rates.items():
         print(f"produce {name:>15} (acks=all, confirmed): {rate / 1e3:8.1f} k msg/s")
     project = max((name for name in runs if name != "kcat"), key=lambda name: rates[name])
-    result("kafka", rates[project] / rates["kcat"], 0.5,
-           f"consume->Arrow {project} {rates[project] / 1e3:.0f}k msg/s "
-           f"(one kafka-python reader {rates['kafka-python'] / 1e3:.0f}k) vs kcat {rates['kcat'] / 1e3:.0f}k msg/s; "
-           f"produce kafka-python {produce_rates['kafka-python'] / 1e3:.1f}k, "
-           f"confluent {produce_rates['confluent'] / 1e3:.0f}k msg/s; {n} messages")
+    result(
+        "kafka",
+        rates[project] / rates["kcat"],
+        0.5,
+        f"consume->Arrow {project} {rates[project] / 1e3:.0f}k msg/s "
+        f"(one kafka-python reader {rates['kafka-python'] / 1e3:.0f}k) vs kcat {rates['kcat'] / 1e3:.0f}k msg/s; "
+        f"produce kafka-python {produce_rates['kafka-python'] / 1e3:.1f}k, "
+        f"confluent {produce_rates['confluent'] / 1e3:.0f}k msg/s; {n} messages",
+    )
 
 
-def measure_consume(connection: KafkaConnection, kcat: str, topic: str,
-                    ranges: list[PartitionRange]) -> dict[str, Measured]:
+def measure_consume(
+    connection: KafkaConnection, kcat: str, topic: str, ranges: list[PartitionRange]
+) -> dict[str, Measured]:
     """kcat and each reader configuration, REPEAT times alternately: the fastest run of each."""
     n = sum(r.size for r in ranges)
     readers: dict[str, Callable[[], Read | None]] = {"kcat": lambda: kcat_to_null(kcat, topic)}

@@ -104,15 +104,18 @@ def padded_full_attention(layer: BlockAttention, tokens: torch.Tensor, offsets: 
     """
     padded, mask = to_padded_dense(tokens, offsets)
     batch, width, d_model = padded.shape
-    q, k, v = (t.view(batch, width, layer.num_heads, layer.head_dim).transpose(1, 2)
-               for t in layer.qkv(layer.norm(padded)).chunk(3, dim=-1))
+    q, k, v = (
+        t.view(batch, width, layer.num_heads, layer.head_dim).transpose(1, 2)
+        for t in layer.qkv(layer.norm(padded)).chunk(3, dim=-1)
+    )
     mixed = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
     out = layer.ffn(padded + layer.out(mixed.transpose(1, 2).reshape(batch, width, d_model)))
     return out[mask]
 
 
-def jagged_block_attention(layer: BlockAttention, tokens: torch.Tensor, offsets: torch.Tensor,
-                           summary: torch.Tensor, block_size: int) -> torch.Tensor:
+def jagged_block_attention(
+    layer: BlockAttention, tokens: torch.Tensor, offsets: torch.Tensor, summary: torch.Tensor, block_size: int
+) -> torch.Tensor:
     """The project's path, as the model runs it (cache-sized chunks of blocks on CPU)."""
     max_blocks = CPU_CHUNK_BLOCKS if DEVICE.type == "cpu" else None
     return layer(tokens, BlockLayout.build(offsets, block_size), summary, max_blocks)
@@ -131,12 +134,17 @@ def bench_attention(config: GemConfig) -> tuple[float, str]:
         padded_s = best_time(lambda: padded_full_attention(layer, tokens, offsets), 1)
     n = sum(lengths)
     padded_slots = users * max(lengths)
-    print(f"[1] batch: {users} histories, {n} tokens (mean {n / users:.0f}, max {max(lengths)}); "
-          f"padded to {padded_slots} slots ({padded_slots / n:.1f}x)")
-    print(f"    jagged block attention ({config.block_size}-token blocks + previous + {config.num_seeds} summary "
-          f"keys): {jagged_s * 1e3:.1f} ms = {n / jagged_s / 1e3:.0f} k tokens/s")
-    print(f"    padded full attention (SDPA, padding mask): {padded_s * 1e3:.1f} ms = "
-          f"{n / padded_s / 1e3:.1f} k tokens/s")
+    print(
+        f"[1] batch: {users} histories, {n} tokens (mean {n / users:.0f}, max {max(lengths)}); "
+        f"padded to {padded_slots} slots ({padded_slots / n:.1f}x)"
+    )
+    print(
+        f"    jagged block attention ({config.block_size}-token blocks + previous + {config.num_seeds} summary "
+        f"keys): {jagged_s * 1e3:.1f} ms = {n / jagged_s / 1e3:.0f} k tokens/s"
+    )
+    print(
+        f"    padded full attention (SDPA, padding mask): {padded_s * 1e3:.1f} ms = {n / padded_s / 1e3:.1f} k tokens/s"
+    )
     return padded_s / jagged_s, f"{users} histories, mean {n / users:.0f}, max {max(lengths)} tokens"
 
 
@@ -159,10 +167,14 @@ def bench_scaling(config: GemConfig) -> tuple[float, float]:
             tokens = torch.randn(n, config.d_model, device=DEVICE)
             offsets = torch.tensor([0, n], device=DEVICE)
             full_s.append(best_time(partial(padded_full_attention, layer, tokens, offsets), 2))
-    print("[2] one user, whole model forward: " + ", ".join(
-        f"{n}: {s * 1e3:.1f} ms" for n, s in zip(block_lengths, block_s, strict=True)))
-    print("    one user, padded full attention layer: " + ", ".join(
-        f"{n}: {s * 1e3:.1f} ms" for n, s in zip(full_lengths, full_s, strict=True)))
+    print(
+        "[2] one user, whole model forward: "
+        + ", ".join(f"{n}: {s * 1e3:.1f} ms" for n, s in zip(block_lengths, block_s, strict=True))
+    )
+    print(
+        "    one user, padded full attention layer: "
+        + ", ".join(f"{n}: {s * 1e3:.1f} ms" for n, s in zip(full_lengths, full_s, strict=True))
+    )
     upper = _slope(block_lengths[3:], block_s[3:])
     print(f"    slope over 4,096..65,536 alone (fixed per-call costs no longer hide the growth): {upper:.3f}")
     return _slope(block_lengths, block_s), _slope(full_lengths, full_s)
@@ -189,9 +201,11 @@ def bench_flops(config: GemConfig) -> tuple[float, float, dict[int, float]]:
         with torch.inference_mode():
             seconds = best_time(partial(model, batch), 3)
         achieved[width] = flops / seconds
-        print(f"[3] batched forward, d_model {width}: {batch.num_rows} rows, {batch.num_tokens} tokens, "
-              f"{flops / 1e9:.1f} GFLOP in {seconds * 1e3:.0f} ms = {flops / seconds / 1e9:.1f} GFLOP/s "
-              f"({batch.num_tokens / seconds / 1e3:.0f} k tokens/s) = {flops / seconds / peak:.0%} of peak")
+        print(
+            f"[3] batched forward, d_model {width}: {batch.num_rows} rows, {batch.num_tokens} tokens, "
+            f"{flops / 1e9:.1f} GFLOP in {seconds * 1e3:.0f} ms = {flops / seconds / 1e9:.1f} GFLOP/s "
+            f"({batch.num_tokens / seconds / 1e3:.0f} k tokens/s) = {flops / seconds / peak:.0%} of peak"
+        )
     print(f"    fp32 matmul peak (torch.mm 2048^2, {torch.get_num_threads()} thread(s)): {peak / 1e9:.1f} GFLOP/s")
     return achieved[256], peak, achieved
 
@@ -204,17 +218,33 @@ def features_dir(users: int, days: int, niche: float = 0.0) -> str:
     out = root / "features"
     if not (out / "summary.json").exists():
         shutil.rmtree(out, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "pipelines", "features", "--input", str(events),
-                        "--output", str(out), "--overwrite"], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pipelines",
+                "features",
+                "--input",
+                str(events),
+                "--output",
+                str(out),
+                "--overwrite",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
     return str(out)
 
 
 def _line(name: str, m: dict, seconds: float) -> None:
-    print(f"[4/5] {name}: click AUC {m['model']['click']['auc']:.4f} NE {m['model']['click']['ne']:.4f} "
-          f"(baseline AUC {m['baseline']['click']['auc']:.4f} NE {m['baseline']['click']['ne']:.4f}), "
-          f"conversion AUC {m['model']['conversion']['auc']:.4f} NE {m['model']['conversion']['ne']:.4f} "
-          f"(baseline {m['baseline']['conversion']['auc']:.4f} / {m['baseline']['conversion']['ne']:.4f}); "
-          f"{len_note(m)} in {seconds:.0f} s", flush=True)
+    print(
+        f"[4/5] {name}: click AUC {m['model']['click']['auc']:.4f} NE {m['model']['click']['ne']:.4f} "
+        f"(baseline AUC {m['baseline']['click']['auc']:.4f} NE {m['baseline']['click']['ne']:.4f}), "
+        f"conversion AUC {m['model']['conversion']['auc']:.4f} NE {m['model']['conversion']['ne']:.4f} "
+        f"(baseline {m['baseline']['conversion']['auc']:.4f} / {m['baseline']['conversion']['ne']:.4f}); "
+        f"{len_note(m)} in {seconds:.0f} s",
+        flush=True,
+    )
 
 
 def _train_one(data: str, name: str, config: GemConfig, tc: TrainConfig, threads: int) -> tuple[str, dict, float]:
@@ -244,10 +274,17 @@ def bench_quality(base: GemConfig) -> dict[str, dict]:
     skip_data = features_dir(*SKIP_WORLD)
     context_data = features_dir(*CONTEXT_WORLD, niche=NICHE_AFFINITY)
     # the holdout keeps every positive of the last day (negatives sampled and weighted back)
-    skip_tc = TrainConfig(epochs=1, max_examples=4000 if QUICK else 30000, max_holdout=8000 if QUICK else 60000,
-                          progress=False, seed=0, data_seed=0)
-    context_tc = dataclasses.replace(skip_tc, max_examples=2000 if QUICK else 12000,
-                                     max_holdout=8000 if QUICK else 30000)
+    skip_tc = TrainConfig(
+        epochs=1,
+        max_examples=4000 if QUICK else 30000,
+        max_holdout=8000 if QUICK else 60000,
+        progress=False,
+        seed=0,
+        data_seed=0,
+    )
+    context_tc = dataclasses.replace(
+        skip_tc, max_examples=2000 if QUICK else 12000, max_holdout=8000 if QUICK else 30000
+    )
     runs: dict[str, Run] = {}
     for seed in SKIP_SEEDS:
         tc = dataclasses.replace(skip_tc, seed=seed)
@@ -255,8 +292,9 @@ def bench_quality(base: GemConfig) -> dict[str, dict]:
         runs[f"skip_off_{seed}"] = Run(skip_data, base.replace(component_skip=False), tc)
     for seed in CONTEXT_SEEDS:
         for max_len in CONTEXT_LENGTHS:
-            runs[f"max_len_{max_len}_{seed}"] = Run(context_data, base.replace(max_len=max_len),
-                                                    dataclasses.replace(context_tc, seed=seed))
+            runs[f"max_len_{max_len}_{seed}"] = Run(
+                context_data, base.replace(max_len=max_len), dataclasses.replace(context_tc, seed=seed)
+            )
     metrics = {}
     jobs, threads = int(os.environ.get("BENCH_JOBS", "2")), torch.get_num_threads()
     # longest first, so the last job to start is a short one
@@ -282,8 +320,9 @@ def skip_auc_cost() -> dict:
     same examples, with a 90% interval over holdout rows and seeds (``seeded_auc_gain``)."""
     holdout, on = predictions([f"skip_on_{s}" for s in SKIP_SEEDS])
     _, off = predictions([f"skip_off_{s}" for s in SKIP_SEEDS])
-    return seeded_auc_gain(holdout["clicked"], [r["model_clicked"] for r in off], [r["model_clicked"] for r in on],
-                           holdout["weights"])
+    return seeded_auc_gain(
+        holdout["clicked"], [r["model_clicked"] for r in off], [r["model_clicked"] for r in on], holdout["weights"]
+    )
 
 
 def context_gains() -> tuple[dict[int, dict], dict[int, dict], dict[str, float]]:
@@ -295,14 +334,28 @@ def context_gains() -> tuple[dict[int, dict], dict[int, dict], dict[str, float]]
     holdout = runs[shortest][0]
     long = holdout["history_length"] > shortest
     labels, weights = holdout["clicked"], holdout["weights"]
-    mean_auc = {n: {"all": float(np.mean([auc(labels, r["model_clicked"], weights) for r in rs])),
-                    "long": float(np.mean([auc(labels[long], r["model_clicked"][long], weights[long]) for r in rs]))}
-                for n, rs in runs.items()}
-    gains = {n: seeded_auc_gain(labels[long], [r["model_clicked"][long] for r in runs[n]],
-                                [r["model_clicked"][long] for r in runs[shortest]], weights[long])
-             for n in CONTEXT_LENGTHS[1:]}
-    counts = {"rows": int(long.sum()), "clicks": int(labels[long].sum()),
-              "users": len(np.unique(holdout["user_id"][long])), "share": float(weights[long].sum() / weights.sum())}
+    mean_auc = {
+        n: {
+            "all": float(np.mean([auc(labels, r["model_clicked"], weights) for r in rs])),
+            "long": float(np.mean([auc(labels[long], r["model_clicked"][long], weights[long]) for r in rs])),
+        }
+        for n, rs in runs.items()
+    }
+    gains = {
+        n: seeded_auc_gain(
+            labels[long],
+            [r["model_clicked"][long] for r in runs[n]],
+            [r["model_clicked"][long] for r in runs[shortest]],
+            weights[long],
+        )
+        for n in CONTEXT_LENGTHS[1:]
+    }
+    counts = {
+        "rows": int(long.sum()),
+        "clicks": int(labels[long].sum()),
+        "users": len(np.unique(holdout["user_id"][long])),
+        "share": float(weights[long].sum() / weights.sum()),
+    }
     return mean_auc, gains, counts
 
 
@@ -310,13 +363,19 @@ def conversion_vs_baseline() -> dict:
     """The model's conversion AUC gain over the baseline across the skip-on seeds (the
     baseline is the same for every seed: same training sample)."""
     holdout, on = predictions([f"skip_on_{s}" for s in SKIP_SEEDS])
-    return seeded_auc_gain(holdout["converted"], [r["model_converted"] for r in on],
-                           [r["baseline_converted"] for r in on], holdout["weights"])
+    return seeded_auc_gain(
+        holdout["converted"],
+        [r["model_converted"] for r in on],
+        [r["baseline_converted"] for r in on],
+        holdout["weights"],
+    )
 
 
 def len_note(m: dict) -> str:
-    return (f"{m['data']['train_examples']} examples (mean {m['data']['mean_train_prefix_tokens']:.0f} tokens), "
-            f"{m['data']['holdout_examples']} held out")
+    return (
+        f"{m['data']['train_examples']} examples (mean {m['data']['mean_train_prefix_tokens']:.0f} tokens), "
+        f"{m['data']['holdout_examples']} held out"
+    )
 
 
 def _seeds(n: int) -> str:
@@ -324,8 +383,10 @@ def _seeds(n: int) -> str:
 
 
 def _interval(g: dict) -> str:
-    return (f"{g['gain']:+.4f} (90% interval {g['low']:+.4f}..{g['high']:+.4f} over holdout rows and "
-            f"{_seeds(g['seeds'])}; per seed " + ", ".join(f"{x:+.4f}" for x in g["per_seed"]) + ")")
+    return (
+        f"{g['gain']:+.4f} (90% interval {g['low']:+.4f}..{g['high']:+.4f} over holdout rows and "
+        f"{_seeds(g['seeds'])}; per seed " + ", ".join(f"{x:+.4f}" for x in g["per_seed"]) + ")"
+    )
 
 
 def main() -> None:
@@ -333,8 +394,10 @@ def main() -> None:
     # spin-waits; the peak is measured with the same setting, so ratios stay fair.
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
     config = GemConfig(max_len=256)
-    print(f"device {DEVICE}, {torch.get_num_threads()} threads, QUICK={QUICK}, config d_model={config.d_model} "
-          f"heads={config.num_heads} layers={config.num_layers} block={config.block_size}")
+    print(
+        f"device {DEVICE}, {torch.get_num_threads()} threads, QUICK={QUICK}, config d_model={config.d_model} "
+        f"heads={config.num_heads} layers={config.num_layers} block={config.block_size}"
+    )
     speedup, shape = bench_attention(config)
     slope, full_slope = bench_scaling(config)
     achieved, peak, by_width = bench_flops(config)
@@ -346,40 +409,69 @@ def main() -> None:
     on = np.mean([auc_of[f"skip_on_{s}"] for s in SKIP_SEEDS])
     off = np.mean([auc_of[f"skip_off_{s}"] for s in SKIP_SEEDS])
     context_auc, context_gain, long = context_gains()
-    result("model_length_slope", 1.15 / slope, 1,
-           f"whole-model forward slope {slope:.3f} (one user, 512->65536 tokens) vs padded full attention "
-           f"layer {full_slope:.3f} (512->{4096 if QUICK else 8192})")
-    result("model_flops_utilization", achieved / peak, 0.40,
-           f"d_model 256: {achieved / 1e9:.1f} GFLOP/s achieved / {peak / 1e9:.1f} GFLOP/s fp32 torch.mm peak on "
-           f"{DEVICE} (d_model {config.d_model}: {by_width[config.d_model] / peak:.0%})")
-    result("model_skip_flops_saved", skip["flops_saved_fraction"], 0.40,
-           f"forward FLOPs/example {skip['flops_per_example_skip_off'] / 1e6:.2f}M -> "
-           f"{skip['flops_per_example_skip_on'] / 1e6:.2f}M with component skip")
+    result(
+        "model_length_slope",
+        1.15 / slope,
+        1,
+        f"whole-model forward slope {slope:.3f} (one user, 512->65536 tokens) vs padded full attention "
+        f"layer {full_slope:.3f} (512->{4096 if QUICK else 8192})",
+    )
+    result(
+        "model_flops_utilization",
+        achieved / peak,
+        0.40,
+        f"d_model 256: {achieved / 1e9:.1f} GFLOP/s achieved / {peak / 1e9:.1f} GFLOP/s fp32 torch.mm peak on "
+        f"{DEVICE} (d_model {config.d_model}: {by_width[config.d_model] / peak:.0%})",
+    )
+    result(
+        "model_skip_flops_saved",
+        skip["flops_saved_fraction"],
+        0.40,
+        f"forward FLOPs/example {skip['flops_per_example_skip_off'] / 1e6:.2f}M -> "
+        f"{skip['flops_per_example_skip_on'] / 1e6:.2f}M with component skip",
+    )
     holdout = metrics[first]["data"]
     # met when the interval's upper end (the most skipping may lose) is within the bound
-    result("model_skip_auc_cost", 0.002 / max(lost["high"], 1e-4), 1,
-           f"click AUC skip on {on:.4f} vs off {off:.4f}: lost {_interval(lost)}; bound 0.002 on the upper end; "
-           f"holdout {holdout['holdout_examples']} rows, {holdout['holdout_clicks']} clicks")
+    result(
+        "model_skip_auc_cost",
+        0.002 / max(lost["high"], 1e-4),
+        1,
+        f"click AUC skip on {on:.4f} vs off {off:.4f}: lost {_interval(lost)}; bound 0.002 on the upper end; "
+        f"holdout {holdout['holdout_examples']} rows, {holdout['holdout_clicks']} clicks",
+    )
     shortest, longest = CONTEXT_LENGTHS[0], CONTEXT_LENGTHS[-1]
-    result("model_context_length", context_auc[longest]["long"] / context_auc[shortest]["long"], 1,
-           f"niche-interest world (--niche-affinity {NICHE_AFFINITY:g}): click AUC on the {long['rows']} holdout "
-           f"rows with > {shortest} history events ({long['clicks']} "
-           f"clicks, {long['users']} users, {long['share']:.0%} of the weighted holdout), mean of "
-           f"{_seeds(len(CONTEXT_SEEDS))}: " + ", ".join(f"max_len {n} {a['long']:.4f}" for n, a in context_auc.items())
-           + "; gain over " + f"{shortest}: " + "; ".join(f"{n} {_interval(g)}" for n, g in context_gain.items())
-           + "; all rows: " + ", ".join(f"{n} {a['all']:.4f}" for n, a in context_auc.items()))
+    result(
+        "model_context_length",
+        context_auc[longest]["long"] / context_auc[shortest]["long"],
+        1,
+        f"niche-interest world (--niche-affinity {NICHE_AFFINITY:g}): click AUC on the {long['rows']} holdout "
+        f"rows with > {shortest} history events ({long['clicks']} "
+        f"clicks, {long['users']} users, {long['share']:.0%} of the weighted holdout), mean of "
+        f"{_seeds(len(CONTEXT_SEEDS))}: "
+        + ", ".join(f"max_len {n} {a['long']:.4f}" for n, a in context_auc.items())
+        + "; gain over "
+        + f"{shortest}: "
+        + "; ".join(f"{n} {_interval(g)}" for n, g in context_gain.items())
+        + "; all rows: "
+        + ", ".join(f"{n} {a['all']:.4f}" for n, a in context_auc.items()),
+    )
     beat = metrics[first]
     conversion = conversion_vs_baseline()
     for task in ("click", "conversion"):
         gain = beat["model_vs_baseline"][task]
-        seeds = (f"; over {conversion['seeds']} seeds: gain {_interval(conversion)}" if task == "conversion" else "")
-        result(f"model_vs_baseline_{task}", beat["model"][task]["auc"] / beat["baseline"][task]["auc"], 1,
-               f"holdout {task} AUC model {beat['model'][task]['auc']:.4f} vs popularity+LR "
-               f"{beat['baseline'][task]['auc']:.4f} (seed {SKIP_SEEDS[0]}: gain 90% interval "
-               f"{gain['auc_gain_p05']:+.4f}..{gain['auc_gain_p95']:+.4f}, {beat['model'][task]['positives']} "
-               f"positives){seeds}; NE {beat['model'][task]['ne']:.4f} vs {beat['baseline'][task]['ne']:.4f}")
-    result("model", speedup, 3, f"jagged block attention vs padded full attention, tokens/s ratio "
-           f"({shape}) on {DEVICE}")
+        seeds = f"; over {conversion['seeds']} seeds: gain {_interval(conversion)}" if task == "conversion" else ""
+        result(
+            f"model_vs_baseline_{task}",
+            beat["model"][task]["auc"] / beat["baseline"][task]["auc"],
+            1,
+            f"holdout {task} AUC model {beat['model'][task]['auc']:.4f} vs popularity+LR "
+            f"{beat['baseline'][task]['auc']:.4f} (seed {SKIP_SEEDS[0]}: gain 90% interval "
+            f"{gain['auc_gain_p05']:+.4f}..{gain['auc_gain_p95']:+.4f}, {beat['model'][task]['positives']} "
+            f"positives){seeds}; NE {beat['model'][task]['ne']:.4f} vs {beat['baseline'][task]['ne']:.4f}",
+        )
+    result(
+        "model", speedup, 3, f"jagged block attention vs padded full attention, tokens/s ratio ({shape}) on {DEVICE}"
+    )
 
 
 if __name__ == "__main__":

@@ -42,16 +42,35 @@ def world(root: Path, users: int, requests: int) -> None:
     untrained_model(root / "model")
     if (root / "features" / "summary.json").exists():
         return
-    cli(["generate", "--users", str(users), "--days", "14", "--seed", "21", "--output", str(root / "events.parquet"),
-         "--candidates", str(root / "candidates.parquet"), "--requests", str(requests)])
+    cli(
+        [
+            "generate",
+            "--users",
+            str(users),
+            "--days",
+            "14",
+            "--seed",
+            "21",
+            "--output",
+            str(root / "events.parquet"),
+            "--candidates",
+            str(root / "candidates.parquet"),
+            "--requests",
+            str(requests),
+        ]
+    )
     cli(["features", "--input", str(root / "events.parquet"), "--output", str(root / "features"), "--overwrite"])
 
 
 def elements(root: Path, max_len: int) -> list[GemBatch]:
     histories = ds.dataset(root / "features" / "histories", format="parquet", partitioning="hive").to_table()
     index = HistoryIndex(histories)
-    return [b for _, b in request_elements(index, pq.read_table(root / "candidates.parquet"), max_len=max_len,
-                                           catalog=ad_catalog(index))]
+    return [
+        b
+        for _, b in request_elements(
+            index, pq.read_table(root / "candidates.parquet"), max_len=max_len, catalog=ad_catalog(index)
+        )
+    ]
 
 
 def by_tokens(batches: list[GemBatch], budget: int) -> list[list[GemBatch]]:
@@ -68,7 +87,7 @@ def by_tokens(batches: list[GemBatch], budget: int) -> list[list[GemBatch]]:
 
 
 def by_count(batches: list[GemBatch], n: int) -> list[list[GemBatch]]:
-    return [batches[i:i + n] for i in range(0, len(batches), n)]
+    return [batches[i : i + n] for i in range(0, len(batches), n)]
 
 
 def loop(model: GemModel, groups: list[list[GemBatch]]) -> int:
@@ -89,14 +108,22 @@ def main() -> None:
     batches = elements(root, model.config.max_len)
     pairs = sum(b.num_rows for b in batches)
     tokens = np.array([batch_tokens(b) for b in batches])
-    print(f"requests {len(batches)}  pairs {pairs}  tokens per request p50={np.median(tokens):.0f} "
-          f"p99={np.percentile(tokens, 99):.0f} max={tokens.max()}")
+    print(
+        f"requests {len(batches)}  pairs {pairs}  tokens per request p50={np.median(tokens):.0f} "
+        f"p99={np.percentile(tokens, 99):.0f} max={tokens.max()}"
+    )
     loop(model, by_tokens(batches[:20], BUDGET))  # warm-up
     fixed = max(1, BUDGET // int(tokens.max()))
     args = argparse.Namespace(runner="DirectRunner", direct_running_mode="in_memory", direct_num_workers=1)
     out = root / "beam-out"
-    config = PrecomputeConfig(features=str(root / "features"), candidates=[str(root / "candidates.parquet")],
-                              model=str(root / "model"), output=str(out), token_budget=BUDGET, device="cpu")
+    config = PrecomputeConfig(
+        features=str(root / "features"),
+        candidates=[str(root / "candidates.parquet")],
+        model=str(root / "model"),
+        output=str(out),
+        token_budget=BUDGET,
+        device="cpu",
+    )
 
     def beam_run() -> dict:
         shutil.rmtree(out, ignore_errors=True)
@@ -113,15 +140,27 @@ def main() -> None:
         cnt_s = min(cnt_s, seconds)
     assert n_tok == n_cnt == pairs == summary["pairs_in"]
     print(f"best of {REPEAT} alternated runs each")
-    print(f"plain loop, token budget {BUDGET}: {tok_s:.2f} s  {pairs / tok_s:.0f} pairs/s  "
-          f"{tokens.sum() / tok_s:.0f} tokens/s  {len(batches) / tok_s:.1f} requests/s")
+    print(
+        f"plain loop, token budget {BUDGET}: {tok_s:.2f} s  {pairs / tok_s:.0f} pairs/s  "
+        f"{tokens.sum() / tok_s:.0f} tokens/s  {len(batches) / tok_s:.1f} requests/s"
+    )
     print(f"plain loop, fixed count {fixed} request(s)/batch: {cnt_s:.2f} s  {pairs / cnt_s:.0f} pairs/s")
-    print(f"beam RunInference (local runner): {beam_s:.2f} s  {pairs / beam_s:.0f} pairs/s "
-          f"(includes pipeline start, joins and Parquet writes)")
-    result("precompute-batching", cnt_s / tok_s, 1.5,
-           f"token-budget {pairs / tok_s:.0f} pairs/s vs fixed-count({fixed}) {pairs / cnt_s:.0f} pairs/s")
-    result("precompute", tok_s / beam_s, 0.8,
-           f"beam {pairs / beam_s:.0f} pairs/s vs plain loop {pairs / tok_s:.0f} pairs/s on {pairs} pairs")
+    print(
+        f"beam RunInference (local runner): {beam_s:.2f} s  {pairs / beam_s:.0f} pairs/s "
+        f"(includes pipeline start, joins and Parquet writes)"
+    )
+    result(
+        "precompute-batching",
+        cnt_s / tok_s,
+        1.5,
+        f"token-budget {pairs / tok_s:.0f} pairs/s vs fixed-count({fixed}) {pairs / cnt_s:.0f} pairs/s",
+    )
+    result(
+        "precompute",
+        tok_s / beam_s,
+        0.8,
+        f"beam {pairs / beam_s:.0f} pairs/s vs plain loop {pairs / tok_s:.0f} pairs/s on {pairs} pairs",
+    )
 
 
 if __name__ == "__main__":

@@ -68,8 +68,14 @@ def measure_index(data: np.ndarray, queries: np.ndarray, factory: str) -> dict[s
     started = time.perf_counter()
     found = index.search(queries, 10)[1]
     qps = len(queries) / (time.perf_counter() - started)
-    return {"build_s": build_s, "qps": qps, "found": found, "index": index,  # type: ignore[dict-item]
-            "params": built.manifest.search_params, "factory": built.manifest.factory}  # type: ignore[dict-item]
+    return {
+        "build_s": build_s,
+        "qps": qps,
+        "found": found,
+        "index": index,  # type: ignore[dict-item]
+        "params": built.manifest.search_params,
+        "factory": built.manifest.factory,
+    }  # type: ignore[dict-item]
 
 
 def exact(data: np.ndarray, queries: np.ndarray) -> tuple[np.ndarray, float]:
@@ -81,16 +87,17 @@ def exact(data: np.ndarray, queries: np.ndarray) -> tuple[np.ndarray, float]:
     return truth, len(queries) / (time.perf_counter() - started)
 
 
-def fill_store(store: LmdbStore, index: UserIndex, requests: list[tuple[int, np.ndarray]], now_s: float,
-               seed: int = 3) -> None:
+def fill_store(
+    store: LmdbStore, index: UserIndex, requests: list[tuple[int, np.ndarray]], now_s: float, seed: int = 3
+) -> None:
     """User-level rows for every user but the requesting users of every fourth request (their other ads
     fall to similar users); per request: half its ads fresh for the user, a fifth two hours old, and 30%
     of them for each of the user's 10 nearest users."""
     rng = np.random.default_rng(seed)
     writer = StoreWriter(store, VERSION, now_s)
     for start in range(0, len(index), 200_000):
-        ids = index.user_ids[start:start + 200_000]
-        writer.users(ids, np.asarray(index.vectors[start:start + 200_000], np.float32), 3_600.0)
+        ids = index.user_ids[start : start + 200_000]
+        writer.users(ids, np.asarray(index.vectors[start : start + 200_000], np.float32), 3_600.0)
     store.delete_batch([(user, None) for user, _ in requests[::4]])
     for user, ads in requests:
         vec = rng.normal(size=(CANDIDATES, DIM)).astype(np.float32)
@@ -105,13 +112,17 @@ def measure_resolver(index: UserIndex, n_requests: int) -> dict[str, dict[str, f
     rng = np.random.default_rng(5)
     folder = WORK / "similarity-store"
     shutil.rmtree(folder, ignore_errors=True)
-    requests = [(int(u), rng.choice(20_000, CANDIDATES, replace=False).astype(np.int64))
-                for u in rng.choice(index.user_ids, n_requests, replace=False)]
+    requests = [
+        (int(u), rng.choice(20_000, CANDIDATES, replace=False).astype(np.int64))
+        for u in rng.choice(index.user_ids, n_requests, replace=False)
+    ]
     store = LmdbStore(LmdbConfig(str(folder)))
     try:
         fill_store(store, index, requests, time.time())
-        resolvers = {mode: Resolver(store, index, ResolverConfig(max_age_s=3_600, k=10, neighbor_reads=mode))
-                     for mode in ("always", "auto")}
+        resolvers = {
+            mode: Resolver(store, index, ResolverConfig(max_age_s=3_600, k=10, neighbor_reads=mode))
+            for mode in ("always", "auto")
+        }
         neighbours = {u: index.neighbors(np.array([u]), 10).user_ids[0] for u, _ in requests}
         for user, ads in requests[:50]:  # warm-up: page cache, version names
             for resolver in resolvers.values():
@@ -136,11 +147,14 @@ def measure_resolver(index: UserIndex, n_requests: int) -> dict[str, dict[str, f
         store.close()
         shutil.rmtree(folder, ignore_errors=True)
     total = sum(mix.values())
-    print("synthetic request mix (half the ads fresh, a fifth 2 h old, 30% held by each neighbour, a quarter of the "
-          "users without a user-level row): "
-          + ", ".join(f"{k} {v / total:.1%}" for k, v in mix.items()), flush=True)
-    return {name: {"p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99))}
-            for name, ms in wall.items()}
+    print(
+        "synthetic request mix (half the ads fresh, a fifth 2 h old, 30% held by each neighbour, a quarter of the "
+        "users without a user-level row): " + ", ".join(f"{k} {v / total:.1%}" for k, v in mix.items()),
+        flush=True,
+    )
+    return {
+        name: {"p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99))} for name, ms in wall.items()
+    }
 
 
 def stream_mix(users: int, days: int) -> str:
@@ -149,15 +163,38 @@ def stream_mix(users: int, days: int) -> str:
     events, candidates = world / "events.parquet", world / "candidates.parquet"
     if not candidates.exists():
         world.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pipelines", "generate", "--users", str(users), "--days", str(days),
-                        "--seed", "13", "--output", str(events), "--candidates", str(candidates), "--requests",
-                        str(users * 2)], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pipelines",
+                "generate",
+                "--users",
+                str(users),
+                "--days",
+                str(days),
+                "--seed",
+                "13",
+                "--output",
+                str(events),
+                "--candidates",
+                str(candidates),
+                "--requests",
+                str(users * 2),
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
     truth = pq.read_table(world / "events.truth" / "users.parquet", columns=["user_id", "interest"])
     interest = np.stack(truth.column("interest").to_numpy(zero_copy_only=False)).astype(np.float32)
     interest /= np.linalg.norm(interest, axis=1, keepdims=True)
     ids = truth.column("user_id").to_numpy()
-    vectors = UserVectors(ids, interest.astype(np.float16).astype(np.float32), np.zeros(len(ids), np.int64),
-                          np.full(len(ids), VERSION, dtype=object))
+    vectors = UserVectors(
+        ids,
+        interest.astype(np.float16).astype(np.float32),
+        np.zeros(len(ids), np.int64),
+        np.full(len(ids), VERSION, dtype=object),
+    )
     index = UserIndex.from_built(build_index(vectors, BuildSpec(gpu="off")))
     table = pq.read_table(candidates)
     last_day_ms = int(table.column("request_time").cast("int64").to_numpy().max()) - 86_400_000
@@ -167,45 +204,70 @@ def stream_mix(users: int, days: int) -> str:
     clock = ManualClock(0.0)
     try:
         StoreWriter(store, VERSION, last_day_ms / 1000).users(vectors.user_id, vectors.vectors, 0.0)
-        resolvers = {name: Resolver(store, index, ResolverConfig(max_age_s=3_600, k=10, paths=paths), clock=clock)
-                     for name, paths in (("policy", FALLBACKS), ("pairs only", ("same_user_pair", "similar_users")))}
+        resolvers = {
+            name: Resolver(store, index, ResolverConfig(max_age_s=3_600, k=10, paths=paths), clock=clock)
+            for name, paths in (("policy", FALLBACKS), ("pairs only", ("same_user_pair", "similar_users")))
+        }
         zeros = np.zeros((CANDIDATES * 2, index.dim), np.float32)
-        results = replay_requests(table, resolvers, StoreWriter(store, VERSION, 0.0), clock,
-                                  lambda user, ads: zeros[:len(ads)], measure_from_ms=last_day_ms)
+        results = replay_requests(
+            table,
+            resolvers,
+            StoreWriter(store, VERSION, 0.0),
+            clock,
+            lambda user, ads: zeros[: len(ads)],
+            measure_from_ms=last_day_ms,
+        )
     finally:
         store.close()
         shutil.rmtree(folder, ignore_errors=True)
     lines = []
     for name, r in results.items():
-        lines.append(f"stream mix ({name}; {r.requests} requests, {r.candidates} candidates, generator world of "
-                     f"{users} users x {days} days): {r.line()}")
+        lines.append(
+            f"stream mix ({name}; {r.requests} requests, {r.candidates} candidates, generator world of "
+            f"{users} users x {days} days): {r.line()}"
+        )
     return "\n".join(lines)
 
 
 def report_index(figures: list[dict[str, float]], exact_qps: float, n: int) -> None:
     main_fig = figures[0]
-    result("similarity-build", BUILD_BOUND_S / main_fig["build_s"], 1,
-           f"{BUILD_BOUND_S:g} s bound / {main_fig['build_s']:.1f} s to train, add and tune {main_fig['factory']} "
-           f"on {n} x {DIM}")
+    result(
+        "similarity-build",
+        BUILD_BOUND_S / main_fig["build_s"],
+        1,
+        f"{BUILD_BOUND_S:g} s bound / {main_fig['build_s']:.1f} s to train, add and tune {main_fig['factory']} "
+        f"on {n} x {DIM}",
+    )
     recall, qps = float(main_fig["recall"]), float(main_fig["qps"])
-    result("similarity", min(recall / RECALL_TARGET, qps / QPS_TARGET), 1,
-           f"min(recall@10 {recall:.4f}/{RECALL_TARGET}, {qps:,.0f} q/s/{QPS_TARGET:,.0f}); {main_fig['factory']} "
-           f"{main_fig['params']} vs exact IndexFlatIP {exact_qps:,.0f} q/s ({qps / exact_qps:.1f}x); {n} x {DIM}")
+    result(
+        "similarity",
+        min(recall / RECALL_TARGET, qps / QPS_TARGET),
+        1,
+        f"min(recall@10 {recall:.4f}/{RECALL_TARGET}, {qps:,.0f} q/s/{QPS_TARGET:,.0f}); {main_fig['factory']} "
+        f"{main_fig['params']} vs exact IndexFlatIP {exact_qps:,.0f} q/s ({qps / exact_qps:.1f}x); {n} x {DIM}",
+    )
 
 
 def report_resolver(latency: dict[str, dict[str, float]]) -> None:
     lat, auto, bare = latency["always"], latency["auto"], latency["bare"]
     cpu, auto_cpu = latency["always_cpu"], latency["auto_cpu"]
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"resolver, {CANDIDATES} candidates, k=10, LMDB: p50 {lat['p50']:.2f} ms, p99 {lat['p99']:.2f} ms "
-          f"(this thread's CPU: p50 {cpu['p50']:.2f}, p99 {cpu['p99']:.2f}) "
-          f"(one round trip of {CANDIDATES * 11 + 1} keys; the bare store read of them: p50 {bare['p50']:.2f}, "
-          f"p99 {bare['p99']:.2f} ms); neighbor_reads=auto: p50 {auto['p50']:.2f}, p99 {auto['p99']:.2f} ms "
-          f"(CPU p50 {auto_cpu['p50']:.2f}, p99 {auto_cpu['p99']:.2f}); load average {load}", flush=True)
-    result("similarity-resolver", P99_BOUND_MS / lat["p99"], 1,
-           f"{P99_BOUND_MS:g} ms bound / resolver p99 {lat['p99']:.2f} ms (p50 {lat['p50']:.2f}; CPU p99 "
-           f"{cpu['p99']:.2f}; neighbor_reads=auto p99 {auto['p99']:.2f}); baseline bare store read of the same keys "
-           f"p50 {bare['p50']:.2f} p99 {bare['p99']:.2f} ms; {CANDIDATES} candidates, k=10, LMDB; load {load}")
+    print(
+        f"resolver, {CANDIDATES} candidates, k=10, LMDB: p50 {lat['p50']:.2f} ms, p99 {lat['p99']:.2f} ms "
+        f"(this thread's CPU: p50 {cpu['p50']:.2f}, p99 {cpu['p99']:.2f}) "
+        f"(one round trip of {CANDIDATES * 11 + 1} keys; the bare store read of them: p50 {bare['p50']:.2f}, "
+        f"p99 {bare['p99']:.2f} ms); neighbor_reads=auto: p50 {auto['p50']:.2f}, p99 {auto['p99']:.2f} ms "
+        f"(CPU p50 {auto_cpu['p50']:.2f}, p99 {auto_cpu['p99']:.2f}); load average {load}",
+        flush=True,
+    )
+    result(
+        "similarity-resolver",
+        P99_BOUND_MS / lat["p99"],
+        1,
+        f"{P99_BOUND_MS:g} ms bound / resolver p99 {lat['p99']:.2f} ms (p50 {lat['p50']:.2f}; CPU p99 "
+        f"{cpu['p99']:.2f}; neighbor_reads=auto p99 {auto['p99']:.2f}); baseline bare store read of the same keys "
+        f"p50 {bare['p50']:.2f} p99 {bare['p99']:.2f} ms; {CANDIDATES} candidates, k=10, LMDB; load {load}",
+    )
 
 
 def main() -> None:
@@ -216,8 +278,11 @@ def main() -> None:
     world_users, world_days = (3_000, 5) if QUICK else (20_000, 7)
     centres = np.random.default_rng(0).normal(size=(1_000, DIM)).astype(np.float32)
     data, queries = clustered(n, 1, centres), clustered(n_queries, 2, centres)
-    print(f"data: {n} x {DIM} clustered unit vectors, {n_queries} fresh queries; faiss {ops.faiss.__version__}, "
-          f"{ops.faiss.omp_get_max_threads()} threads, GPUs visible to faiss: {ops.gpu_count('auto')}", flush=True)
+    print(
+        f"data: {n} x {DIM} clustered unit vectors, {n_queries} fresh queries; faiss {ops.faiss.__version__}, "
+        f"{ops.faiss.omp_get_max_threads()} threads, GPUs visible to faiss: {ops.gpu_count('auto')}",
+        flush=True,
+    )
     truth, exact_qps, factories = None, float("nan"), ["auto"]
     if "index" in legs:
         truth, exact_qps = exact(data, queries)
@@ -228,8 +293,11 @@ def main() -> None:
         f = measure_index(data, queries, factory)
         f["recall"] = ops.recall_at_k(f["found"], truth) if truth is not None else float("nan")  # type: ignore
         figures.append(f)
-        print(f"{f['factory']} ({f['params']}): recall@10 {f['recall']:.4f} at {f['qps']:,.0f} queries/s, "
-              f"build {f['build_s']:.1f} s, {f['qps'] / exact_qps:.1f}x exact", flush=True)
+        print(
+            f"{f['factory']} ({f['params']}): recall@10 {f['recall']:.4f} at {f['qps']:,.0f} queries/s, "
+            f"build {f['build_s']:.1f} s, {f['qps'] / exact_qps:.1f}x exact",
+            flush=True,
+        )
     if "resolver" in legs:
         report_resolver(measure_resolver(figures[0]["index"], n_requests))  # type: ignore[arg-type]
     if "stream" in legs:

@@ -54,17 +54,22 @@ def batches(users: int, ads_per_user: int, seed: int = 5) -> list[pa.Table]:
         n = min(BATCH, len(user_id) - start)
         emb = rng.normal(size=n * DIM).astype(np.float16)
         times = pa.array(np.full(n, now_ms), pa.int64()).cast(pa.timestamp("ms", tz="UTC"))
-        out.append(pa.Table.from_arrays([
-            pa.array(user_id[start:start + n]),
-            pa.array(ad_id[start:start + n], mask=slot[start:start + n] == 0),
-            pa.FixedSizeListArray.from_arrays(pa.array(emb, pa.float16()), DIM),
-            pa.nulls(n, pa.float32()),
-            pa.array(rng.random(n, dtype=np.float32)),
-            pa.array(rng.random(n, dtype=np.float32) / 10),
-            pa.array(["gem-bench-v1"] * n),
-            times,
-            times,
-        ], schema=representation_schema(DIM)))
+        out.append(
+            pa.Table.from_arrays(
+                [
+                    pa.array(user_id[start : start + n]),
+                    pa.array(ad_id[start : start + n], mask=slot[start : start + n] == 0),
+                    pa.FixedSizeListArray.from_arrays(pa.array(emb, pa.float16()), DIM),
+                    pa.nulls(n, pa.float32()),
+                    pa.array(rng.random(n, dtype=np.float32)),
+                    pa.array(rng.random(n, dtype=np.float32) / 10),
+                    pa.array(["gem-bench-v1"] * n),
+                    times,
+                    times,
+                ],
+                schema=representation_schema(DIM),
+            )
+        )
     return out
 
 
@@ -144,11 +149,14 @@ def main() -> None:
         for name, f in figures.items():
             (wall, cpu), wide_wall = narrow[name], wide[name][0]
             f.update(p50=float(np.percentile(wall, 50)), p99=float(np.percentile(wall, 99)))
-            print(f"{name:5s}: write {f['write'] / 1e3:6.1f} k records/s | one request of {CANDIDATES} "
-                  f"candidates + user: wall p50 {f['p50']:.3f} ms  p99 {f['p99']:.3f} ms "
-                  f"(this thread's CPU: p50 {np.percentile(cpu, 50):.3f}  p99 {np.percentile(cpu, 99):.3f}) "
-                  f"| with 10 neighbours ({CANDIDATES * 11 + 1} keys): p50 {np.percentile(wide_wall, 50):.2f} "
-                  f"p99 {np.percentile(wide_wall, 99):.2f} ms", flush=True)
+            print(
+                f"{name:5s}: write {f['write'] / 1e3:6.1f} k records/s | one request of {CANDIDATES} "
+                f"candidates + user: wall p50 {f['p50']:.3f} ms  p99 {f['p99']:.3f} ms "
+                f"(this thread's CPU: p50 {np.percentile(cpu, 50):.3f}  p99 {np.percentile(cpu, 99):.3f}) "
+                f"| with 10 neighbours ({CANDIDATES * 11 + 1} keys): p50 {np.percentile(wide_wall, 50):.2f} "
+                f"p99 {np.percentile(wide_wall, 99):.2f} ms",
+                flush=True,
+            )
         print_sizes(stores, records)
     finally:
         stores["redis"].clear()
@@ -156,17 +164,22 @@ def main() -> None:
             store.close()
         shutil.rmtree(lmdb_dir, ignore_errors=True)
     lm, rd = figures["lmdb"], figures["redis"]
-    result("store", P99_BOUND_MS / lm["p99"], 1,
-           f"{P99_BOUND_MS:g} ms bound / embedded p99; lmdb p50 {lm['p50']:.3f} p99 {lm['p99']:.3f} ms, "
-           f"write {lm['write'] / 1e3:.0f}k rec/s; redis p50 {rd['p50']:.3f} p99 {rd['p99']:.3f} ms "
-           f"(ratio {P99_BOUND_MS / rd['p99']:.2f}), write {rd['write'] / 1e3:.0f}k rec/s; "
-           f"{records} records x {DIM} dims, {n_requests} requests of {CANDIDATES}")
+    result(
+        "store",
+        P99_BOUND_MS / lm["p99"],
+        1,
+        f"{P99_BOUND_MS:g} ms bound / embedded p99; lmdb p50 {lm['p50']:.3f} p99 {lm['p99']:.3f} ms, "
+        f"write {lm['write'] / 1e3:.0f}k rec/s; redis p50 {rd['p50']:.3f} p99 {rd['p99']:.3f} ms "
+        f"(ratio {P99_BOUND_MS / rd['p99']:.2f}), write {rd['write'] / 1e3:.0f}k rec/s; "
+        f"{records} records x {DIM} dims, {n_requests} requests of {CANDIDATES}",
+    )
 
 
 def print_sizes(stores: dict[str, OnlineStore], records: int) -> None:
     value = record_nbytes("float16", DIM)
-    print(f"record: {value} B value (float16 x {DIM}; int8: {record_nbytes('int8', DIM)} B) "
-          f"+ 16 B key (8 for user-level)")
+    print(
+        f"record: {value} B value (float16 x {DIM}; int8: {record_nbytes('int8', DIM)} B) + 16 B key (8 for user-level)"
+    )
     lmdb_store = stores["lmdb"]
     if isinstance(lmdb_store, LmdbStore):
         size = os.path.getsize(os.path.join(lmdb_store.config.path, "data.mdb"))

@@ -36,16 +36,22 @@ def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
     """The runner flags; unknown ``--flags`` after them go to Beam as pipeline options."""
     group = parser.add_argument_group("runner (other --flags are passed to Beam, e.g. --flink_master)")
     group.add_argument(
-        "--runner", default="DirectRunner", choices=LOCAL_RUNNERS + REMOTE_RUNNERS,
+        "--runner",
+        default="DirectRunner",
+        choices=LOCAL_RUNNERS + REMOTE_RUNNERS,
         help="Beam runner; DirectRunner runs in-process with no network access (default: %(default)s)",
     )
     group.add_argument(
-        "--direct-running-mode", default="in_memory", choices=RUNNING_MODES,
+        "--direct-running-mode",
+        default="in_memory",
+        choices=RUNNING_MODES,
         help="how the local runner executes bundles (default: %(default)s; multi_threading lost elements "
         "or failed decoding them at GroupByKey with large elements in lab runs, so it is not the default)",
     )
     group.add_argument(
-        "--direct-num-workers", type=int, default=1,
+        "--direct-num-workers",
+        type=int,
+        default=1,
         help="worker processes/threads for multi_processing/multi_threading (default: %(default)s)",
     )
 
@@ -76,8 +82,9 @@ def _reachable(address: str, flag: str) -> None:
         with socket.create_connection((host or "localhost", int(port)), timeout=3):
             return
     except (OSError, ValueError) as exc:
-        raise ConfigError(flag, f"{address!r} is not reachable ({exc})",
-                          "start the service or pass the right host:port") from exc
+        raise ConfigError(
+            flag, f"{address!r} is not reachable ({exc})", "start the service or pass the right host:port"
+        ) from exc
 
 
 def _need_file(value: str | None, flag: str, what: str, fix: str) -> None:
@@ -89,8 +96,11 @@ def _need_file(value: str | None, flag: str, what: str, fix: str) -> None:
 
 def default_prism() -> str | None:
     """The Prism binary built by ``make prism`` (or on PATH), if any."""
-    candidates = [os.environ.get("GEM_PRISM", ""), str(Path(__file__).resolve().parent.parent / ".cache/bin/prism"),
-                  shutil.which("prism") or ""]
+    candidates = [
+        os.environ.get("GEM_PRISM", ""),
+        str(Path(__file__).resolve().parent.parent / ".cache/bin/prism"),
+        shutil.which("prism") or "",
+    ]
     return next((c for c in candidates if c and Path(c).is_file()), None)
 
 
@@ -99,10 +109,13 @@ def validate_runner(runner: str, options: PipelineOptions) -> None:
     if runner == "FlinkRunner":
         master = options.view_as(FlinkRunnerOptions).flink_master
         if master in ("[local]", "[auto]", "", None):
-            _need_file(options.view_as(FlinkRunnerOptions).flink_job_server_jar, "--flink_job_server_jar",
-                       "an embedded Flink needs Beam's Flink job server jar, which Beam would otherwise download",
-                       "pass --flink_job_server_jar PATH/beam-runners-flink-<v>-job-server-<beam>.jar "
-                       "or --flink_master HOST:8081 of a running cluster")
+            _need_file(
+                options.view_as(FlinkRunnerOptions).flink_job_server_jar,
+                "--flink_job_server_jar",
+                "an embedded Flink needs Beam's Flink job server jar, which Beam would otherwise download",
+                "pass --flink_job_server_jar PATH/beam-runners-flink-<v>-job-server-<beam>.jar "
+                "or --flink_master HOST:8081 of a running cluster",
+            )
         else:
             _reachable(master, "--flink_master")
     elif runner == "PortableRunner":
@@ -111,9 +124,12 @@ def validate_runner(runner: str, options: PipelineOptions) -> None:
             raise ConfigError("--job_endpoint", "PortableRunner needs a job service", "pass --job_endpoint HOST:PORT")
         _reachable(endpoint, "--job_endpoint")
     elif runner == "PrismRunner":
-        _need_file(options.view_as(PrismRunnerOptions).prism_location or default_prism(), "--prism_location",
-                   "Beam would otherwise download the Prism binary at run time",
-                   "build it with `make prism` and pass --prism_location .cache/bin/prism")
+        _need_file(
+            options.view_as(PrismRunnerOptions).prism_location or default_prism(),
+            "--prism_location",
+            "Beam would otherwise download the Prism binary at run time",
+            "build it with `make prism` and pass --prism_location .cache/bin/prism",
+        )
     elif runner == "DataflowRunner":
         _validate_dataflow(options.view_as(GoogleCloudOptions))
 
@@ -127,8 +143,9 @@ def _validate_dataflow(gcp: GoogleCloudOptions) -> None:
         if not value:
             raise ConfigError(flag, "DataflowRunner needs it", fix)
     if not str(gcp.temp_location).startswith("gs://"):
-        raise ConfigError("--temp_location", f"{gcp.temp_location!r} is not a gs:// path",
-                          "pass --temp_location gs://BUCKET/tmp")
+        raise ConfigError(
+            "--temp_location", f"{gcp.temp_location!r} is not a gs:// path", "pass --temp_location gs://BUCKET/tmp"
+        )
 
 
 def runner_for(args: argparse.Namespace) -> object | None:

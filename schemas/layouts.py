@@ -225,8 +225,17 @@ ID_MAP = Layout(
 
 LAYOUTS: dict[str, Layout] = {
     layout.name: layout
-    for layout in (EVENT, HISTORY, TRAINING_EXAMPLE, CANDIDATES, REPRESENTATION, DEAD_LETTER, TRUTH_USERS,
-                   TRUTH_ITEMS, ID_MAP)
+    for layout in (
+        EVENT,
+        HISTORY,
+        TRAINING_EXAMPLE,
+        CANDIDATES,
+        REPRESENTATION,
+        DEAD_LETTER,
+        TRUTH_USERS,
+        TRUTH_ITEMS,
+        ID_MAP,
+    )
 }
 
 

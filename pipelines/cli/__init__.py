@@ -59,8 +59,9 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
             sub.add_parser(name, help=help_text)
             continue
         module = importlib.import_module(module_path)
-        command = sub.add_parser(name, help=help_text, description=module.__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+        command = sub.add_parser(
+            name, help=help_text, description=module.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
         module.add_arguments(command)
         command.set_defaults(_module=module)
     return parser

@@ -38,8 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, metavar="MODEL_DIR", help="output folder of the train command")
     parser.add_argument("--output", required=True, metavar="DIR", help="folder for report.json, index/ and store/")
     parser.add_argument("--truth", metavar="DIR", help="the generator's ground truth (EVENTS.truth folder)")
-    parser.add_argument("--candidates", metavar="PATH",
-                        help="candidate requests (e.g. generate --candidates) to replay for the path mix")
+    parser.add_argument(
+        "--candidates",
+        metavar="PATH",
+        help="candidate requests (e.g. generate --candidates) to replay for the path mix",
+    )
     parser.add_argument("--hide", type=float, default=0.5, help="share of exact pairs hidden (default: %(default)s)")
     parser.add_argument("--k", type=int, default=10, help="nearest users (default: %(default)s)")
     parser.add_argument("--max-pairs", type=int, default=6000, help="holdout pairs used (default: %(default)s)")
@@ -65,47 +68,71 @@ def _f(x: Any, spec: str = ".3f") -> str:
 
 def _gain_cells(head: str, g: dict[str, Any]) -> str:
     """The head's columns of a report row: AUC exact, fallback, none, gain kept and its interval."""
-    return (f"{head:<4} {_f(g.get('auc_exact')):>9} {_f(g.get('auc_fallback')):>8} {_f(g.get('auc_none')):>6} "
-            f"{_f(g.get('gain_kept'), '.1%'):>9} "
-            f"{_f(g.get('gain_kept_p05'), '.0%'):>7}-{_f(g.get('gain_kept_p95'), '.0%'):<7}")
+    return (
+        f"{head:<4} {_f(g.get('auc_exact')):>9} {_f(g.get('auc_fallback')):>8} {_f(g.get('auc_none')):>6} "
+        f"{_f(g.get('gain_kept'), '.1%'):>9} "
+        f"{_f(g.get('gain_kept_p05'), '.0%'):>7}-{_f(g.get('gain_kept_p95'), '.0%'):<7}"
+    )
 
 
 def print_report(report: dict[str, Any]) -> None:
-    print(f"evaluate-fallback: {report['pairs']} holdout pairs ({report['clicked']} clicked), "
-          f"{report['hidden']} hidden; model {report['model_version']}")
-    print(f"{'path (alone)':<15} {'share':>6} {'cosine':>7} {'(none)':>6} | {'head':<4} {'AUC exact':>9} "
-          f"{'fallback':>8} {'none':>6} {'gain kept':>9} {'90% interval':>15}")
+    print(
+        f"evaluate-fallback: {report['pairs']} holdout pairs ({report['clicked']} clicked), "
+        f"{report['hidden']} hidden; model {report['model_version']}"
+    )
+    print(
+        f"{'path (alone)':<15} {'share':>6} {'cosine':>7} {'(none)':>6} | {'head':<4} {'AUC exact':>9} "
+        f"{'fallback':>8} {'none':>6} {'gain kept':>9} {'90% interval':>15}"
+    )
     for name in ("same_user_pair", "same_user", "similar_users"):
         q = report[name][name]
         heads: list[str] = [h for h in ("pair", "user") if f"head_{h}" in q] or ["-"]
         for head in heads:
             g = q.get(f"head_{head}", {})
-            print(f"{name:<15} {_f(q['share_of_hidden'], '.2f'):>6} {_f(q.get('cosine_mean')):>7} "
-                  f"{_f(q.get('cosine_none_mean'), '.2f'):>6} | {_gain_cells(head, g)}")
+            print(
+                f"{name:<15} {_f(q['share_of_hidden'], '.2f'):>6} {_f(q.get('cosine_mean')):>7} "
+                f"{_f(q.get('cosine_none_mean'), '.2f'):>6} | {_gain_cells(head, g)}"
+            )
     if "random_users_control" in report:
         r = report["random_users_control"]
-        print(f"{'random users':<15} {'-':>6} {_f(r['cosine_mean']):>7} {'-':>6} | "
-              f"{_gain_cells('pair', r['head_pair'])}  (control: {r['k']} random users' pairs for the same ad)")
+        print(
+            f"{'random users':<15} {'-':>6} {_f(r['cosine_mean']):>7} {'-':>6} | "
+            f"{_gain_cells('pair', r['head_pair'])}  (control: {r['k']} random users' pairs for the same ad)"
+        )
     print("policy mix on hidden pairs: " + ", ".join(f"{k} {v}" for k, v in report["policy"]["mix"].items()))
     for name, r in report.get("stream", {}).items():
         mix = ", ".join(f"{k} {v:.1%}" for k, v in r["shares"].items())
-        print(f"request stream ({name}): {r['requests']} requests, {r['candidates']} candidates: {mix}; "
-              f"resolve p50 {_f(r['latency_ms_p50'], '.2f')} p99 {_f(r['latency_ms_p99'], '.2f')} ms")
+        print(
+            f"request stream ({name}): {r['requests']} requests, {r['candidates']} candidates: {mix}; "
+            f"resolve p50 {_f(r['latency_ms_p50'], '.2f')} p99 {_f(r['latency_ms_p99'], '.2f')} ms"
+        )
     if "neighbors" in report:
         n, c = report["neighbors"], report["neighbors_category_profile"]
-        print(f"neighbours: {n['same_segment_share']:.1%} of k={n['k']} in the user's ground-truth segment "
-              f"(random users: {n['random_same_segment_share']:.1%}; neighbours by history category profile, "
-              f"a behavioural yardstick: {c['same_segment_share']:.1%}), {n['users']} users")
+        print(
+            f"neighbours: {n['same_segment_share']:.1%} of k={n['k']} in the user's ground-truth segment "
+            f"(random users: {n['random_same_segment_share']:.1%}; neighbours by history category profile, "
+            f"a behavioural yardstick: {c['same_segment_share']:.1%}), {n['users']} users"
+        )
 
 
 def run(args: argparse.Namespace) -> int:
     _check(args)
     from pipelines.similarity.evaluate import EvalConfig, evaluate_fallback
 
-    config = EvalConfig(features=args.features, model=args.model, output=args.output, truth=args.truth,
-                        candidates=args.candidates,
-                        hide=args.hide, k=args.k, max_pairs=args.max_pairs, holdout_days=args.holdout_days,
-                        ads_only=args.ads_only, factory=args.factory, seed=args.seed)
+    config = EvalConfig(
+        features=args.features,
+        model=args.model,
+        output=args.output,
+        truth=args.truth,
+        candidates=args.candidates,
+        hide=args.hide,
+        k=args.k,
+        max_pairs=args.max_pairs,
+        holdout_days=args.holdout_days,
+        ads_only=args.ads_only,
+        factory=args.factory,
+        seed=args.seed,
+    )
     report = evaluate_fallback(config)
     path = Path(args.output) / "report.json"
     path.write_text(json.dumps(report, indent=2, default=str) + "\n")

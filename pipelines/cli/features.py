@@ -18,19 +18,41 @@ ACCEPTS_BEAM_ARGS = True
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pipelines.runners import add_runner_arguments
 
-    parser.add_argument("--input", nargs="+", required=True, metavar="PATH_OR_GLOB",
-                        help="event files: .jsonl, .jsonl.gz, .parquet (globs allowed)")
+    parser.add_argument(
+        "--input",
+        nargs="+",
+        required=True,
+        metavar="PATH_OR_GLOB",
+        help="event files: .jsonl, .jsonl.gz, .parquet (globs allowed)",
+    )
     parser.add_argument("--output", required=True, metavar="DIR", help="folder for the new snapshot")
-    parser.add_argument("--previous", metavar="DIR",
-                        help="an earlier snapshot to merge into (incremental build); dedups against it")
-    parser.add_argument("--max-history", type=int, default=4096,
-                        help="events kept per user; older ones fold into the summary (default: %(default)s)")
-    parser.add_argument("--num-shards", type=int, default=16,
-                        help="user shards: output files per kind and the unit of parallelism (default: %(default)s)")
-    parser.add_argument("--click-window-minutes", type=float, default=30.0,
-                        help="a click on the same item within this many minutes labels an impression clicked")
-    parser.add_argument("--conversion-window-days", type=float, default=7.0,
-                        help="a conversion/app install/off-site conversion within this many days labels it converted")
+    parser.add_argument(
+        "--previous", metavar="DIR", help="an earlier snapshot to merge into (incremental build); dedups against it"
+    )
+    parser.add_argument(
+        "--max-history",
+        type=int,
+        default=4096,
+        help="events kept per user; older ones fold into the summary (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--num-shards",
+        type=int,
+        default=16,
+        help="user shards: output files per kind and the unit of parallelism (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--click-window-minutes",
+        type=float,
+        default=30.0,
+        help="a click on the same item within this many minutes labels an impression clicked",
+    )
+    parser.add_argument(
+        "--conversion-window-days",
+        type=float,
+        default=7.0,
+        help="a conversion/app install/off-site conversion within this many days labels it converted",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing snapshot in --output")
     add_runner_arguments(parser)
 
@@ -51,8 +73,13 @@ def run(args: argparse.Namespace) -> int:
     from pipelines.runners import pipeline_options, runner_for
 
     config = FeaturesConfig(
-        inputs=args.input, output=args.output, previous=args.previous, max_history=args.max_history,
-        num_shards=args.num_shards, windows=_windows(args), overwrite=args.overwrite,
+        inputs=args.input,
+        output=args.output,
+        previous=args.previous,
+        max_history=args.max_history,
+        num_shards=args.num_shards,
+        windows=_windows(args),
+        overwrite=args.overwrite,
     )
     summary = run_features(config, pipeline_options(args, args.beam_args), runner_for(args))
     print(json.dumps(summary, indent=2))

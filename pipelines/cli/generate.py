@@ -136,8 +136,14 @@ def build_request(args: argparse.Namespace) -> Request:
         raise ConfigError("--duplicate-fraction", f"{args.duplicate_fraction} is outside [0, 1]", "use e.g. 0.01")
     requests = _check_candidates(args)
     _check_niche(args)
-    config = WorldConfig(users=args.users, days=args.days, seed=args.seed, start_ms=_start_ms(args.start),
-                         niche_affinity=args.niche_affinity, niche_exposure=args.niche_exposure)
+    config = WorldConfig(
+        users=args.users,
+        days=args.days,
+        seed=args.seed,
+        start_ms=_start_ms(args.start),
+        niche_affinity=args.niche_affinity,
+        niche_exposure=args.niche_exposure,
+    )
     if config.expected_events > MAX_EXPECTED_EVENTS:
         raise ConfigError(
             "--users",
@@ -173,8 +179,11 @@ def _check_niche(args: argparse.Namespace) -> None:
     from pipelines.generator.config import DEFAULT_CATEGORIES as most
 
     if args.niche_affinity != 0 and not 1 <= args.niche_affinity <= most:
-        raise ConfigError("--niche-affinity", f"{args.niche_affinity} is neither 0 (off) nor in [1, {most}]",
-                          "use e.g. 16 (as strong as a main interest), or 0 for the default world")
+        raise ConfigError(
+            "--niche-affinity",
+            f"{args.niche_affinity} is neither 0 (off) nor in [1, {most}]",
+            "use e.g. 16 (as strong as a main interest), or 0 for the default world",
+        )
     if not 0 <= args.niche_exposure <= 0.5:
         raise ConfigError("--niche-exposure", f"{args.niche_exposure} is outside [0, 0.5]", "use e.g. 0.03")
     if args.niche_exposure != 0.03 and not args.niche_affinity:

@@ -23,25 +23,53 @@ ACCEPTS_BEAM_ARGS = True
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pipelines.runners import add_runner_arguments
 
-    parser.add_argument("--representations", required=True, metavar="DIR",
-                        help="a precompute --output folder (or its representations/ folder, or one file)")
+    parser.add_argument(
+        "--representations",
+        required=True,
+        metavar="DIR",
+        help="a precompute --output folder (or its representations/ folder, or one file)",
+    )
     parser.add_argument("--output", required=True, metavar="INDEX_DIR", help="folder for the index")
-    parser.add_argument("--factory", default="auto",
-                        help="FAISS factory string, e.g. Flat, HNSW32, IVF4096,Flat, IVF1024,PQ16; auto = Flat "
-                             "below 20,000 users, else IVF(~4 sqrt n),Flat (default: %(default)s)")
-    parser.add_argument("--metric", default="ip", choices=("ip", "l2"),
-                        help="ip = cosine on the L2-normalised user embeddings (default: %(default)s)")
-    parser.add_argument("--gpu", default="auto", choices=("auto", "off"),
-                        help="auto: faiss GPU indexes when a GPU is visible (default: %(default)s)")
-    parser.add_argument("--shards", type=int, default=1,
-                        help="contiguous user ranges added in parallel by Beam workers (default: %(default)s)")
-    parser.add_argument("--train-size", type=int, default=None,
-                        help="training sample size (default: 40 per IVF list, at least 65,536, at most all)")
+    parser.add_argument(
+        "--factory",
+        default="auto",
+        help="FAISS factory string, e.g. Flat, HNSW32, IVF4096,Flat, IVF1024,PQ16; auto = Flat "
+        "below 20,000 users, else IVF(~4 sqrt n),Flat (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--metric",
+        default="ip",
+        choices=("ip", "l2"),
+        help="ip = cosine on the L2-normalised user embeddings (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--gpu",
+        default="auto",
+        choices=("auto", "off"),
+        help="auto: faiss GPU indexes when a GPU is visible (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--shards",
+        type=int,
+        default=1,
+        help="contiguous user ranges added in parallel by Beam workers (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--train-size",
+        type=int,
+        default=None,
+        help="training sample size (default: 40 per IVF list, at least 65,536, at most all)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the training and tuning samples (default: 0)")
-    parser.add_argument("--search-params", default=None,
-                        help="fixed search parameters, e.g. nprobe=16 or efSearch=128 (default: tuned)")
-    parser.add_argument("--recall-target", type=float, default=0.95,
-                        help="recall@10 the tuned search parameter must reach (default: %(default)s)")
+    parser.add_argument(
+        "--search-params", default=None, help="fixed search parameters, e.g. nprobe=16 or efSearch=128 (default: tuned)"
+    )
+    parser.add_argument(
+        "--recall-target",
+        type=float,
+        default=0.95,
+        help="recall@10 the tuned search parameter must reach (default: %(default)s)",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an index already in INDEX_DIR")
     add_runner_arguments(parser)
 
@@ -51,14 +79,23 @@ def run(args: argparse.Namespace) -> int:
     from pipelines.similarity.build import BuildSpec
     from pipelines.similarity.pipeline import IndexConfig, run_index
 
-    spec = BuildSpec(factory=args.factory, metric=args.metric, gpu=args.gpu, shards=args.shards,
-                     train_size=args.train_size, seed=args.seed, search_params=args.search_params,
-                     recall_target=args.recall_target)
+    spec = BuildSpec(
+        factory=args.factory,
+        metric=args.metric,
+        gpu=args.gpu,
+        shards=args.shards,
+        train_size=args.train_size,
+        seed=args.seed,
+        search_params=args.search_params,
+        recall_target=args.recall_target,
+    )
     config = IndexConfig(args.representations, args.output, spec, overwrite=args.overwrite)
     manifest = run_index(config, pipeline_options(args, args.beam_args), runner_for(args))
     print(json.dumps(manifest, indent=2, sort_keys=True))
     recall = manifest["tuned_recall_at_10"]
-    print(f"index: {manifest['count']} users x {manifest['dim']} ({manifest['factory']}, {manifest['layout']}, "
-          f"{manifest['shards']} shard(s), {manifest['search_params'] or 'no search parameter'}"
-          f"{'' if recall is None else f', recall@10 {recall:.3f}'}) in {args.output}")
+    print(
+        f"index: {manifest['count']} users x {manifest['dim']} ({manifest['factory']}, {manifest['layout']}, "
+        f"{manifest['shards']} shard(s), {manifest['search_params'] or 'no search parameter'}"
+        f"{'' if recall is None else f', recall@10 {recall:.3f}'}) in {args.output}"
+    )
     return 0

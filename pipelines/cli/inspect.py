@@ -29,8 +29,10 @@ def _print_dataset(d, args: argparse.Namespace) -> None:
     if kind == "history":
         lengths = report.history_lengths(d.table)
         pct = report.percentiles(lengths)
-        print(f"   events retained: {int(lengths.sum())}; per user p50={pct[50]:.0f} p90={pct[90]:.0f} "
-              f"p99={pct[99]:.0f} max={pct[100]:.0f}")
+        print(
+            f"   events retained: {int(lengths.sum())}; per user p50={pct[50]:.0f} p90={pct[90]:.0f} "
+            f"p99={pct[99]:.0f} max={pct[100]:.0f}"
+        )
         print("\n".join("   " + line for line in report.text_histogram(lengths)))
         for name, mix in report.history_event_mix(d.table).items():
             print(f"   {name} mix: " + ", ".join(f"{n} {share:.1%}" for n, _, share in mix))

@@ -26,16 +26,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--user", required=True, type=int, help="the requesting user id")
     parser.add_argument("--ads", required=True, help="candidate ad ids, comma-separated")
     parser.add_argument("--max-age", default="1h", help="an exact pair older than this is stale (default: 1h)")
-    parser.add_argument("--fallback-max-age", default="7d",
-                        help="staleness bound of same-user and neighbours' representations (default: 7d)")
+    parser.add_argument(
+        "--fallback-max-age",
+        default="7d",
+        help="staleness bound of same-user and neighbours' representations (default: 7d)",
+    )
     parser.add_argument("--k", type=int, default=10, help="nearest users searched (default: %(default)s)")
-    parser.add_argument("--min-neighbors", type=int, default=1,
-                        help="neighbours with a representation of the ad needed for that path (default: 1)")
-    parser.add_argument("--paths", default="same_user_pair,same_user,similar_users",
-                        help="fallback paths allowed, comma-separated (default: %(default)s)")
-    parser.add_argument("--neighbor-reads", default="always", choices=("always", "auto"),
-                        help="always: neighbours' pairs in the one store round trip; auto: only when the user-level "
-                             "representation cannot answer (a second, smaller trip) (default: %(default)s)")
+    parser.add_argument(
+        "--min-neighbors",
+        type=int,
+        default=1,
+        help="neighbours with a representation of the ad needed for that path (default: 1)",
+    )
+    parser.add_argument(
+        "--paths",
+        default="same_user_pair,same_user,similar_users",
+        help="fallback paths allowed, comma-separated (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--neighbor-reads",
+        default="always",
+        choices=("always", "auto"),
+        help="always: neighbours' pairs in the one store round trip; auto: only when the user-level "
+        "representation cannot answer (a second, smaller trip) (default: %(default)s)",
+    )
     parser.add_argument("--model-version", default=None, help="fail unless the index serves this model_version")
     parser.add_argument("--gpu", default="auto", choices=("auto", "off"), help="search on a GPU when present")
     parser.add_argument("--json", action="store_true", help="print one JSON object per ad, embeddings included")
@@ -71,11 +85,14 @@ def run(args: argparse.Namespace) -> int:
     from pipelines.similarity.user_index import UserIndex
     from pipelines.store import open_store
 
-    config = ResolverConfig(max_age_s=_seconds("--max-age", args.max_age),
-                            fallback_max_age_s=_seconds("--fallback-max-age", args.fallback_max_age),
-                            k=args.k, min_neighbors=args.min_neighbors,
-                            paths=tuple(p.strip() for p in args.paths.split(",") if p.strip()),
-                            neighbor_reads=args.neighbor_reads)
+    config = ResolverConfig(
+        max_age_s=_seconds("--max-age", args.max_age),
+        fallback_max_age_s=_seconds("--fallback-max-age", args.fallback_max_age),
+        k=args.k,
+        min_neighbors=args.min_neighbors,
+        paths=tuple(p.strip() for p in args.paths.split(",") if p.strip()),
+        neighbor_reads=args.neighbor_reads,
+    )
     ads = _ads(args.ads)
     index = UserIndex.load(args.index, gpu=args.gpu)
     with open_store(args.store) as store:
@@ -84,14 +101,27 @@ def run(args: argparse.Namespace) -> int:
         elapsed_ms = (time.perf_counter() - started) * 1000
     if args.json:
         for a in got.answers():
-            print(json.dumps({"user_id": a.user_id, "ad_id": a.ad_id, "path": a.path, "age_s": a.age_s,
-                              "p_click": a.p_click, "neighbors_used": a.neighbors_used, "similarity": a.similarity,
-                              "embedding": None if a.embedding is None else [round(float(v), 5) for v in a.embedding]}))
+            print(
+                json.dumps(
+                    {
+                        "user_id": a.user_id,
+                        "ad_id": a.ad_id,
+                        "path": a.path,
+                        "age_s": a.age_s,
+                        "p_click": a.p_click,
+                        "neighbors_used": a.neighbors_used,
+                        "similarity": a.similarity,
+                        "embedding": None if a.embedding is None else [round(float(v), 5) for v in a.embedding],
+                    }
+                )
+            )
         return 0
     print(f"{'ad_id':>12} {'path':<15} {'age':>10} {'p_click':>8} {'neighbours':>10} {'similarity':>10}")
     for a in got.answers():
-        print(f"{a.ad_id:>12} {a.path:<15} {_fmt(a.age_s, '>9.0f', 's')} {_fmt(a.p_click, '>8.4f')} "
-              f"{a.neighbors_used:>10} {_fmt(a.similarity, '>10.3f')}")
+        print(
+            f"{a.ad_id:>12} {a.path:<15} {_fmt(a.age_s, '>9.0f', 's')} {_fmt(a.p_click, '>8.4f')} "
+            f"{a.neighbors_used:>10} {_fmt(a.similarity, '>10.3f')}"
+        )
     mix = ", ".join(f"{name} {n}" for name, n in got.counts().items() if n)
     print(f"lookup: user {args.user}, {len(ads)} ads in {elapsed_ms:.2f} ms ({mix}); model {got.model_version}")
     return 0

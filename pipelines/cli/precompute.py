@@ -19,21 +19,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pipelines.runners import add_runner_arguments
 
     parser.add_argument("--features", required=True, metavar="DIR", help="output folder of the features command")
-    parser.add_argument("--candidates", required=True, nargs="+", metavar="PATH_OR_GLOB",
-                        help="candidate sets (CANDIDATES layout Parquet)")
+    parser.add_argument(
+        "--candidates",
+        required=True,
+        nargs="+",
+        metavar="PATH_OR_GLOB",
+        help="candidate sets (CANDIDATES layout Parquet)",
+    )
     parser.add_argument("--model", required=True, metavar="MODEL_DIR", help="output folder of the train command")
     parser.add_argument("--output", required=True, metavar="DIR", help="folder for representations")
-    parser.add_argument("--store", metavar="URI",
-                        help="also write to an online store: lmdb:///path or redis://host:port/db")
-    parser.add_argument("--all-users", action="store_true",
-                        help="also emit a user-level representation for every user with a history")
+    parser.add_argument(
+        "--store", metavar="URI", help="also write to an online store: lmdb:///path or redis://host:port/db"
+    )
+    parser.add_argument(
+        "--all-users", action="store_true", help="also emit a user-level representation for every user with a history"
+    )
     parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
-    parser.add_argument("--batching", default="tokens", choices=("tokens", "count"),
-                        help="form inference batches by token budget (default) or by request count")
-    parser.add_argument("--token-budget", type=int, default=32_768,
-                        help="history tokens per inference batch with --batching tokens (default: %(default)s)")
-    parser.add_argument("--batch-size", type=int, default=64,
-                        help="requests per inference batch with --batching count (default: %(default)s)")
+    parser.add_argument(
+        "--batching",
+        default="tokens",
+        choices=("tokens", "count"),
+        help="form inference batches by token budget (default) or by request count",
+    )
+    parser.add_argument(
+        "--token-budget",
+        type=int,
+        default=32_768,
+        help="history tokens per inference batch with --batching tokens (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=64,
+        help="requests per inference batch with --batching count (default: %(default)s)",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace existing representations in --output")
     add_runner_arguments(parser)
 
@@ -43,9 +62,17 @@ def run(args: argparse.Namespace) -> int:
     from pipelines.runners import pipeline_options, runner_for
 
     config = PrecomputeConfig(
-        features=args.features, candidates=args.candidates, model=args.model, output=args.output,
-        store=args.store, all_users=args.all_users, device=args.device, batching=args.batching,
-        token_budget=args.token_budget, batch_size=args.batch_size, overwrite=args.overwrite,
+        features=args.features,
+        candidates=args.candidates,
+        model=args.model,
+        output=args.output,
+        store=args.store,
+        all_users=args.all_users,
+        device=args.device,
+        batching=args.batching,
+        token_budget=args.token_budget,
+        batch_size=args.batch_size,
+        overwrite=args.overwrite,
     )
     if args.store:
         from pipelines.store import open_store
@@ -53,7 +80,9 @@ def run(args: argparse.Namespace) -> int:
         open_store(args.store).close()  # a bad URI or an unreachable server fails before any work
     summary = run_precompute(config, pipeline_options(args, args.beam_args), runner_for(args))
     print(json.dumps(summary, indent=2))
-    print(f"precompute: {summary.get('requests_in', 0)} requests, {summary.get('pairs_in', 0)} pairs in, "
-          f"{summary.get('pairs_out', 0)} pair and {summary.get('users_out', 0)} user representations out, "
-          f"{summary.get('dead_letters', 0)} dead letters, in {summary['seconds']} s")
+    print(
+        f"precompute: {summary.get('requests_in', 0)} requests, {summary.get('pairs_in', 0)} pairs in, "
+        f"{summary.get('pairs_out', 0)} pair and {summary.get('users_out', 0)} user representations out, "
+        f"{summary.get('dead_letters', 0)} dead letters, in {summary['seconds']} s"
+    )
     return 0

@@ -27,12 +27,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--input", required=True, metavar="FILE", help="events file: .jsonl, .jsonl.gz, .parquet")
     parser.add_argument("--topic", required=True, help="topic to write (created when missing)")
-    parser.add_argument("--rate", type=float, default=0.0,
-                        help="at most this many messages per second (default: as fast as possible)")
-    parser.add_argument("--partitions", type=int, default=4,
-                        help="partitions when the topic is created (default: %(default)s)")
-    parser.add_argument("--kafka-backend", default="kafka-python", choices=BACKENDS,
-                        help="client library (default: %(default)s; confluent needs the kafka-fast extra)")
+    parser.add_argument(
+        "--rate", type=float, default=0.0, help="at most this many messages per second (default: as fast as possible)"
+    )
+    parser.add_argument(
+        "--partitions", type=int, default=4, help="partitions when the topic is created (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--kafka-backend",
+        default="kafka-python",
+        choices=BACKENDS,
+        help="client library (default: %(default)s; confluent needs the kafka-fast extra)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_connection_arguments(parser)
 
@@ -40,8 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 class Pacer:
     """Sleeps so that ``sent`` messages take at least ``sent / rate`` seconds (clock injectable)."""
 
-    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self, rate: float, clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep
+    ) -> None:
         self._rate, self._clock, self._sleep = rate, clock, sleep
         self._start = clock()
 
@@ -73,8 +80,9 @@ def run(args: argparse.Namespace) -> int:
     started, sent, unkeyed = time.perf_counter(), 0, 0
     pacer = Pacer(args.rate)
     try:
-        with tqdm(total=total, unit="msg", unit_scale=True, desc=f"produce {args.topic}",
-                  disable=args.no_progress) as bar:
+        with tqdm(
+            total=total, unit="msg", unit_scale=True, desc=f"produce {args.topic}", disable=args.no_progress
+        ) as bar:
             for batch in batches:
                 sink.send_many(batch)
                 sent += len(batch)
@@ -86,7 +94,9 @@ def run(args: argparse.Namespace) -> int:
         sink.close()
     seconds = time.perf_counter() - started
     partitions = topic_partitions(connection, args.topic)
-    print(f"produce: {acked:,} messages acknowledged to {args.topic!r} "
-          f"({'created' if created else 'existing'}, {partitions} partitions; {unkeyed:,} without a user_id key) "
-          f"in {seconds:.1f} s ({acked / max(seconds, 1e-9):,.0f} msg/s)")
+    print(
+        f"produce: {acked:,} messages acknowledged to {args.topic!r} "
+        f"({'created' if created else 'existing'}, {partitions} partitions; {unkeyed:,} without a user_id key) "
+        f"in {seconds:.1f} s ({acked / max(seconds, 1e-9):,.0f} msg/s)"
+    )
     return 0

@@ -39,18 +39,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pipelines.runners import add_runner_arguments
 
     parser.add_argument("--topic", required=True, help="topic to replay")
-    parser.add_argument("--from", dest="start", default="earliest", metavar="TIME|OFFSET",
-                        help="first offset or time (default: %(default)s)")
-    parser.add_argument("--to", dest="stop", default="latest", metavar="TIME|OFFSET",
-                        help="end offset or time, exclusive (default: %(default)s)")
+    parser.add_argument(
+        "--from",
+        dest="start",
+        default="earliest",
+        metavar="TIME|OFFSET",
+        help="first offset or time (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--to",
+        dest="stop",
+        default="latest",
+        metavar="TIME|OFFSET",
+        help="end offset or time, exclusive (default: %(default)s)",
+    )
     parser.add_argument("--partitions", metavar="P[,P...]", help="only these partitions (default: all)")
     parser.add_argument("--output", metavar="DIR", help="folder for the snapshot (Parquet)")
     parser.add_argument("--to-topic", metavar="TOPIC", help="publish the histories to this topic (JSON per user)")
     parser.add_argument("--dead-letter-topic", metavar="TOPIC", help="also publish the dead letters here")
-    parser.add_argument("--max-split", type=int, default=500_000,
-                        help="at most this many messages per read split (default: %(default)s)")
-    parser.add_argument("--kafka-backend", default="kafka-python", choices=BACKENDS,
-                        help="client library (default: %(default)s; confluent needs the kafka-fast extra)")
+    parser.add_argument(
+        "--max-split",
+        type=int,
+        default=500_000,
+        help="at most this many messages per read split (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--kafka-backend",
+        default="kafka-python",
+        choices=BACKENDS,
+        help="client library (default: %(default)s; confluent needs the kafka-fast extra)",
+    )
     parser.add_argument("--previous", metavar="DIR", help="an earlier snapshot to merge into (incremental build)")
     parser.add_argument("--max-history", type=int, default=4096, help="events kept per user (default: %(default)s)")
     parser.add_argument("--num-shards", type=int, default=16, help="user shards (default: %(default)s)")
@@ -79,8 +97,9 @@ def _windows(args: argparse.Namespace) -> LabelWindows:
     return LabelWindows(int(args.click_window_minutes * MINUTE_MS), int(args.conversion_window_days * DAY_MS))
 
 
-def _publish(connection: KafkaConnection, output: str, topic: str | None, dead_topic: str | None,
-             partitions: int) -> dict[str, int]:
+def _publish(
+    connection: KafkaConnection, output: str, topic: str | None, dead_topic: str | None, partitions: int
+) -> dict[str, int]:
     import glob
 
     from pipelines.io.kafka.encode import dead_letters_to_json, histories_to_json
@@ -91,8 +110,10 @@ def _publish(connection: KafkaConnection, output: str, topic: str | None, dead_t
     from schemas.layouts import DEAD_LETTER, HISTORY
 
     sent: dict[str, int] = {}
-    jobs = [(topic, kind_glob(output, HISTORIES), HISTORY, histories_to_json),
-            (dead_topic, f"{output}/{DEAD_LETTERS}/*.parquet", DEAD_LETTER, dead_letters_to_json)]
+    jobs = [
+        (topic, kind_glob(output, HISTORIES), HISTORY, histories_to_json),
+        (dead_topic, f"{output}/{DEAD_LETTERS}/*.parquet", DEAD_LETTER, dead_letters_to_json),
+    ]
     for name, pattern, layout, encode in jobs:
         if not name:
             continue
@@ -130,19 +151,26 @@ def run(args: argparse.Namespace) -> int:
         lookup.close()
     output = args.output or tempfile.mkdtemp(prefix="gem-replay-")
     config = FeaturesConfig(
-        inputs=[f"kafka:{r.topic}/{r.partition}/{r.start}-{r.stop}" for r in ranges], output=output,
-        previous=args.previous, max_history=args.max_history, num_shards=args.num_shards,
-        windows=_windows(args), overwrite=args.overwrite,
+        inputs=[f"kafka:{r.topic}/{r.partition}/{r.start}-{r.stop}" for r in ranges],
+        output=output,
+        previous=args.previous,
+        max_history=args.max_history,
+        num_shards=args.num_shards,
+        windows=_windows(args),
+        overwrite=args.overwrite,
     )
-    source = ReadEventsFromKafka(connection, split_ranges(ranges, args.max_split), num_shards=args.num_shards,
-                                 backend=args.kafka_backend)
+    source = ReadEventsFromKafka(
+        connection, split_ranges(ranges, args.max_split), num_shards=args.num_shards, backend=args.kafka_backend
+    )
     log.info("replay: %s, %d message(s) in %d partition(s)", args.topic, sum(r.size for r in ranges), len(ranges))
     summary = run_features(config, options, runner_for(args), source)
     summary["published"] = _publish(connection, output, args.to_topic, args.dead_letter_topic, len(ranges))
     print(json.dumps(summary, indent=2))
-    print(f"replay: {summary.get('records_in', 0)} messages from {args.topic!r} "
-          f"[{args.start}, {args.stop}), {summary.get('events_valid', 0)} valid, "
-          f"{summary.get('dead_letters', 0)} dead letters, {summary.get('histories', 0)} histories "
-          f"in {summary['seconds']} s -> {output}"
-          + "".join(f"; {n} messages to {t!r}" for t, n in summary["published"].items()))
+    print(
+        f"replay: {summary.get('records_in', 0)} messages from {args.topic!r} "
+        f"[{args.start}, {args.stop}), {summary.get('events_valid', 0)} valid, "
+        f"{summary.get('dead_letters', 0)} dead letters, {summary.get('histories', 0)} histories "
+        f"in {summary['seconds']} s -> {output}"
+        + "".join(f"; {n} messages to {t!r}" for t, n in summary["published"].items())
+    )
     return 0

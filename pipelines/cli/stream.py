@@ -33,30 +33,61 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--topic", required=True, help="topic of events")
     parser.add_argument("--group", required=True, help="consumer group whose offsets the job commits")
     parser.add_argument("--output", required=True, metavar="DIR", help="folder for flush files and dead letters")
-    parser.add_argument("--from", dest="start", default="earliest", metavar="TIME|OFFSET",
-                        help="where to start when the group has no committed offset (default: %(default)s)")
+    parser.add_argument(
+        "--from",
+        dest="start",
+        default="earliest",
+        metavar="TIME|OFFSET",
+        help="where to start when the group has no committed offset (default: %(default)s)",
+    )
     parser.add_argument("--to-topic", metavar="TOPIC", help="also publish updated histories here (JSON per user)")
     parser.add_argument("--dead-letter-topic", metavar="TOPIC", help="also publish dead letters here")
     parser.add_argument("--num-shards", type=int, default=16, help="user shards = state keys (default: %(default)s)")
     parser.add_argument("--max-history", type=int, default=4096, help="events kept per user (default: %(default)s)")
-    parser.add_argument("--flush-interval", type=float, default=1.0,
-                        help="seconds between flushes of a shard (default: %(default)s)")
-    parser.add_argument("--idle-exit", type=float, default=None, metavar="SECONDS",
-                        help="finish when no message arrived for this long (default: run until stopped)")
-    parser.add_argument("--model", metavar="MODEL_DIR",
-                        help="refresh representations with this model (output folder of the train command)")
-    parser.add_argument("--store", metavar="URI",
-                        help="online store for refreshed representations: lmdb:///path or redis://host:port/db")
-    parser.add_argument("--candidates", nargs="+", default=(), metavar="PATH_OR_GLOB",
-                        help="candidate sets (CANDIDATES Parquet): also refresh each touched user's pair "
-                             "representations for their latest candidate set")
-    parser.add_argument("--candidate-ttl", type=float, default=86_400.0, metavar="SECONDS",
-                        help="a candidate set is recent if requested at most this long before the user's last "
-                             "event (default: %(default)s)")
+    parser.add_argument(
+        "--flush-interval", type=float, default=1.0, help="seconds between flushes of a shard (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--idle-exit",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="finish when no message arrived for this long (default: run until stopped)",
+    )
+    parser.add_argument(
+        "--model",
+        metavar="MODEL_DIR",
+        help="refresh representations with this model (output folder of the train command)",
+    )
+    parser.add_argument(
+        "--store",
+        metavar="URI",
+        help="online store for refreshed representations: lmdb:///path or redis://host:port/db",
+    )
+    parser.add_argument(
+        "--candidates",
+        nargs="+",
+        default=(),
+        metavar="PATH_OR_GLOB",
+        help="candidate sets (CANDIDATES Parquet): also refresh each touched user's pair "
+        "representations for their latest candidate set",
+    )
+    parser.add_argument(
+        "--candidate-ttl",
+        type=float,
+        default=86_400.0,
+        metavar="SECONDS",
+        help="a candidate set is recent if requested at most this long before the user's last "
+        "event (default: %(default)s)",
+    )
     parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
-    parser.add_argument("--torch-threads", type=int, default=1,
-                        help="CPU threads of the refresh's inference: the reader, the flusher and the runner "
-                             "share the worker's cores (default: %(default)s)")
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="CPU threads of the refresh's inference: the reader, the flusher and the runner "
+        "share the worker's cores (default: %(default)s)",
+    )
     parser.add_argument("--prism-location", default=None, help="Prism binary (default: .cache/bin/prism)")
     add_connection_arguments(parser)
 
@@ -74,14 +105,28 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("kafka").setLevel(logging.WARNING)
     prism = args.prism_location or default_prism()
     if not prism:
-        raise ConfigError("--prism-location", "no Prism binary found",
-                          "build it with `make prism` (Beam would otherwise download it at run time)")
-    config = StreamConfig(topic=args.topic, output=args.output, group=args.group, num_shards=args.num_shards,
-                          max_history=args.max_history, flush_interval_s=args.flush_interval,
-                          idle_exit_s=args.idle_exit, histories_topic=args.to_topic,
-                          dead_letter_topic=args.dead_letter_topic, model=args.model, store=args.store,
-                          candidates=tuple(args.candidates), candidate_ttl_s=args.candidate_ttl, device=args.device,
-                          torch_threads=args.torch_threads)
+        raise ConfigError(
+            "--prism-location",
+            "no Prism binary found",
+            "build it with `make prism` (Beam would otherwise download it at run time)",
+        )
+    config = StreamConfig(
+        topic=args.topic,
+        output=args.output,
+        group=args.group,
+        num_shards=args.num_shards,
+        max_history=args.max_history,
+        flush_interval_s=args.flush_interval,
+        idle_exit_s=args.idle_exit,
+        histories_topic=args.to_topic,
+        dead_letter_topic=args.dead_letter_topic,
+        model=args.model,
+        store=args.store,
+        candidates=tuple(args.candidates),
+        candidate_ttl_s=args.candidate_ttl,
+        device=args.device,
+        torch_threads=args.torch_threads,
+    )
     if config.store:
         from pipelines.store import open_store
 
@@ -96,15 +141,24 @@ def run(args: argparse.Namespace) -> int:
         load_recent_candidates(config.candidates, config.candidate_ttl_s)  # so do missing or foreign files
     connection = connection_from_args(args)
     starts = start_offsets(connection, args.topic, args.group, Position.parse(args.start, "--from"))
-    logging.getLogger(__name__).info("stream: %s from %s", args.topic,
-                                     ", ".join(f"{s.partition}@{s.start}" for s in starts))
-    options = PipelineOptions([*args.beam_args, "--runner=PrismRunner", f"--prism_location={prism}",
-                               "--environment_type=LOOPBACK", "--streaming",
-                               # The SDK state cache served stale bag contents across bundles on Prism in
-                               # lab runs (buffered events lost); every state read (the commit ledger)
-                               # goes to the runner.
-                               "--max_cache_memory_usage_mb=0"],
-                              save_main_session=False, pickle_library="cloudpickle")
+    logging.getLogger(__name__).info(
+        "stream: %s from %s", args.topic, ", ".join(f"{s.partition}@{s.start}" for s in starts)
+    )
+    options = PipelineOptions(
+        [
+            *args.beam_args,
+            "--runner=PrismRunner",
+            f"--prism_location={prism}",
+            "--environment_type=LOOPBACK",
+            "--streaming",
+            # The SDK state cache served stale bag contents across bundles on Prism in
+            # lab runs (buffered events lost); every state read (the commit ledger)
+            # goes to the runner.
+            "--max_cache_memory_usage_mb=0",
+        ],
+        save_main_session=False,
+        pickle_library="cloudpickle",
+    )
     with beam.Pipeline(options=options) as p:
         build_stream(p, connection, config, starts)
     print(f"stream: {args.topic} finished (idle for {args.idle_exit} s); histories in {args.output}/histories")

@@ -25,33 +25,66 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", type=int, default=1, help="passes over the training sample (default: %(default)s)")
     parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda (default: auto)")
     parser.add_argument("--seed", type=int, default=0, help="seed of sampling, init and order (default: 0)")
-    parser.add_argument("--max-examples", type=int, default=24_000,
-                        help="training examples sampled from the training days; 0 = all (default: %(default)s)")
-    parser.add_argument("--max-holdout", type=int, default=10_000,
-                        help="holdout examples sampled from the last day; 0 = all (default: %(default)s)")
+    parser.add_argument(
+        "--max-examples",
+        type=int,
+        default=24_000,
+        help="training examples sampled from the training days; 0 = all (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-holdout",
+        type=int,
+        default=10_000,
+        help="holdout examples sampled from the last day; 0 = all (default: %(default)s)",
+    )
     parser.add_argument("--holdout-days", type=float, default=1.0, help="days held out at the end (default: 1)")
-    parser.add_argument("--positive-share", type=float, default=0.25,
-                        help="share of the training sample given to clicked/converted rows first (negatives "
-                             "fill the rest, rows weighted by their sampling rate); 0 = uniform (default: %(default)s)")
-    parser.add_argument("--interest-weight", type=float, default=0.5,
-                        help="weight of the user representation's next-category loss (default: %(default)s)")
+    parser.add_argument(
+        "--positive-share",
+        type=float,
+        default=0.25,
+        help="share of the training sample given to clicked/converted rows first (negatives "
+        "fill the rest, rows weighted by their sampling rate); 0 = uniform (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--interest-weight",
+        type=float,
+        default=0.5,
+        help="weight of the user representation's next-category loss (default: %(default)s)",
+    )
     parser.add_argument("--batch-size", type=int, default=256, help="examples per step (default: %(default)s)")
     parser.add_argument("--learning-rate", type=float, default=3e-3, help="peak AdamW rate (default: %(default)s)")
-    parser.add_argument("--max-len", type=int, default=128,
-                        help="most recent history events the model reads (default: %(default)s, a CPU budget)")
+    parser.add_argument(
+        "--max-len",
+        type=int,
+        default=128,
+        help="most recent history events the model reads (default: %(default)s, a CPU budget)",
+    )
     parser.add_argument("--layers", type=int, default=4, help="sequence layers (default: %(default)s)")
     parser.add_argument("--d-model", type=int, default=64, help="token width (default: %(default)s)")
     parser.add_argument("--block-size", type=int, default=64, help="block attention block (default: %(default)s)")
-    parser.add_argument("--no-component-skip", action="store_true",
-                        help="every layer does block attention and summarisation (for comparison)")
-    parser.add_argument("--no-esmm", action="store_true",
-                        help="a conversion head of its own instead of p(click) * p(conversion | click)")
-    parser.add_argument("--compare-skip", action="store_true",
-                        help="also train the other component-skip setting and report the AUC it costs")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads on CPU (default: 1; this model's ops are small, extra "
-                             "threads mostly wait on each other on a shared machine, and one thread gives the "
-                             "same bits on any machine)")
+    parser.add_argument(
+        "--no-component-skip",
+        action="store_true",
+        help="every layer does block attention and summarisation (for comparison)",
+    )
+    parser.add_argument(
+        "--no-esmm",
+        action="store_true",
+        help="a conversion head of its own instead of p(click) * p(conversion | click)",
+    )
+    parser.add_argument(
+        "--compare-skip",
+        action="store_true",
+        help="also train the other component-skip setting and report the AUC it costs",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads on CPU (default: 1; this model's ops are small, extra "
+        "threads mostly wait on each other on a shared machine, and one thread gives the "
+        "same bits on any machine)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--overwrite", action="store_true", help="replace a model already in MODEL_DIR")
 
@@ -64,8 +97,17 @@ def _positive(args: argparse.Namespace, name: str, allow_zero: bool = False) -> 
 
 
 def _check(args: argparse.Namespace) -> None:
-    for name in ("epochs", "batch-size", "learning-rate", "max-len", "layers", "d-model", "block-size",
-                 "holdout-days", "threads"):
+    for name in (
+        "epochs",
+        "batch-size",
+        "learning-rate",
+        "max-len",
+        "layers",
+        "d-model",
+        "block-size",
+        "holdout-days",
+        "threads",
+    ):
         _positive(args, name)
     for name in ("max-examples", "max-holdout"):
         _positive(args, name, allow_zero=True)
@@ -75,8 +117,11 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError("--d-model", f"{args.d_model} is not a multiple of 4 heads", "pass e.g. 32, 64 or 128")
     data = Path(args.data)
     if not (data / "histories").is_dir() or not (data / "training_examples").is_dir():
-        raise ConfigError("--data", f"{data} has no histories/ and training_examples/ folders",
-                          "pass the --output folder of `python -m pipelines features`")
+        raise ConfigError(
+            "--data",
+            f"{data} has no histories/ and training_examples/ folders",
+            "pass the --output folder of `python -m pipelines features`",
+        )
     out = Path(args.output)
     if (out / "model.pt").exists() and not args.overwrite:
         raise ConfigError("--output", f"{out} already holds a model", "pass --overwrite or another folder")
@@ -98,18 +143,36 @@ def run(args: argparse.Namespace) -> int:
 
     resolve_device(args.device)  # a missing CUDA fails here, before any work
     torch.set_num_threads(args.threads)
-    model_config = GemConfig(d_model=args.d_model, num_layers=args.layers, block_size=args.block_size,
-                             max_len=args.max_len, component_skip=not args.no_component_skip,
-                             esmm=not args.no_esmm)
-    tc = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.learning_rate,
-                     max_examples=args.max_examples or None, max_holdout=args.max_holdout or None,
-                     holdout_days=args.holdout_days, positive_share=args.positive_share or None,
-                     interest_weight=args.interest_weight, seed=args.seed, device=args.device,
-                     progress=not args.no_progress, compare_skip=args.compare_skip)
+    model_config = GemConfig(
+        d_model=args.d_model,
+        num_layers=args.layers,
+        block_size=args.block_size,
+        max_len=args.max_len,
+        component_skip=not args.no_component_skip,
+        esmm=not args.no_esmm,
+    )
+    tc = TrainConfig(
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        learning_rate=args.learning_rate,
+        max_examples=args.max_examples or None,
+        max_holdout=args.max_holdout or None,
+        holdout_days=args.holdout_days,
+        positive_share=args.positive_share or None,
+        interest_weight=args.interest_weight,
+        seed=args.seed,
+        device=args.device,
+        progress=not args.no_progress,
+        compare_skip=args.compare_skip,
+    )
     metrics = train_model(args.data, args.output, model_config, tc)
-    summary = {part: {task: {k: metrics[part][task][k] for k in ("auc", "ne")} for task in ("click", "conversion")}
-               for part in ("model", "baseline")}
+    summary = {
+        part: {task: {k: metrics[part][task][k] for k in ("auc", "ne")} for task in ("click", "conversion")}
+        for part in ("model", "baseline")
+    }
     print(json.dumps(summary, indent=2))
-    print(f"train: saved {metrics['checkpoint']} ({metrics['model_version']}); "
-          f"metrics in {Path(args.output) / 'metrics.json'}")
+    print(
+        f"train: saved {metrics['checkpoint']} ({metrics['model_version']}); "
+        f"metrics in {Path(args.output) / 'metrics.json'}"
+    )
     return 0

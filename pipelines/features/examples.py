@@ -33,7 +33,11 @@ def _next_event(impressions: pl.DataFrame, merged: pl.DataFrame, codes: list[int
         .sort(name)
     )
     return impressions.sort("event_time").join_asof(
-        later, left_on="event_time", right_on=name, by=["user_id", "item_id"], strategy="forward",
+        later,
+        left_on="event_time",
+        right_on=name,
+        by=["user_id", "item_id"],
+        strategy="forward",
         check_sortedness=False,  # both sides are sorted by time above
     )
 
@@ -73,9 +77,11 @@ def training_examples(
         "device",
         "event_time",
         ((pl.col("_click") - pl.col("event_time")).dt.total_milliseconds() <= windows.click_ms)
-        .fill_null(False).alias("clicked"),
+        .fill_null(False)
+        .alias("clicked"),
         ((pl.col("_conv") - pl.col("event_time")).dt.total_milliseconds() <= windows.conversion_ms)
-        .fill_null(False).alias("converted"),
+        .fill_null(False)
+        .alias("converted"),
         (pl.col("p_evicted").fill_null(0) + pl.col("_before")).alias("history_length"),
         (pl.col("_before") - pl.col("_evicted_now")).clip(0, pl.col("_stored")).cast(pl.Int32).alias("history_end"),
     )

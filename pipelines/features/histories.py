@@ -46,10 +46,7 @@ def _summary_columns(prefix: str) -> list[str]:
 def _previous_events(previous: pl.DataFrame) -> pl.DataFrame:
     """(user_id, event fields...) of every retained event of a snapshot."""
     return (
-        previous.select("user_id", "events")
-        .explode("events")
-        .filter(pl.col("events").is_not_null())
-        .unnest("events")
+        previous.select("user_id", "events").explode("events").filter(pl.col("events").is_not_null()).unnest("events")
     )
 
 
@@ -124,8 +121,10 @@ def build_histories(
     touched = fresh.select("user_id").unique()
     merged = (
         pl.concat(
-            [prev_events.join(touched, on="user_id", how="semi").with_columns(pl.lit(None, pl.Int8).alias("device")),
-             fresh.select("user_id", *_EVENT_FIELDS, "device")],
+            [
+                prev_events.join(touched, on="user_id", how="semi").with_columns(pl.lit(None, pl.Int8).alias("device")),
+                fresh.select("user_id", *_EVENT_FIELDS, "device"),
+            ],
             how="vertical_relaxed",
         )
         .sort(_SORT)
@@ -163,9 +162,13 @@ def _rebuilt_rows(
     merged: pl.DataFrame, prev: pl.DataFrame, touched: pl.DataFrame, fresh: pl.DataFrame, watermark: int
 ) -> pl.DataFrame:
     """HISTORY rows of the users that received new events."""
-    kept = merged.filter(pl.col("_kept")).group_by("user_id", maintain_order=True).agg(
-        pl.struct(_EVENT_FIELDS).alias("events"),
-        pl.col("event_time").max().alias("last_event_time"),
+    kept = (
+        merged.filter(pl.col("_kept"))
+        .group_by("user_id", maintain_order=True)
+        .agg(
+            pl.struct(_EVENT_FIELDS).alias("events"),
+            pl.col("event_time").max().alias("last_event_time"),
+        )
     )
     new_counts = fresh.group_by("user_id").agg(pl.len().cast(pl.Int64).alias("_new"))
     users = (

@@ -189,9 +189,7 @@ def events_table(rows: list[tuple[Any, ...]]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=EVENT.schema)
 
 
-def parse_json_lines(
-    payloads: Sequence[bytes], sources: Sequence[str], stage: str = "parse"
-) -> ParseResult:
+def parse_json_lines(payloads: Sequence[bytes], sources: Sequence[str], stage: str = "parse") -> ParseResult:
     """Validate JSON payloads; ``sources[i]`` names where ``payloads[i]`` came from."""
     rows: list[tuple[Any, ...]] = []
     rejects: list[tuple[str, str, bytes, str]] = []

@@ -55,8 +55,7 @@ class FeaturesConfig:
         if not 1 <= self.num_shards <= 4096:
             raise ConfigError("--num-shards", f"got {self.num_shards}", "pass 1..4096")
         if self.previous and self.previous.rstrip("/") == self.output.rstrip("/"):
-            raise ConfigError("--previous", "is the same folder as --output",
-                              "write the new snapshot to a new folder")
+            raise ConfigError("--previous", "is the same folder as --output", "write the new snapshot to a new folder")
 
 
 def previous_files(previous: str | None) -> list[str]:
@@ -64,13 +63,21 @@ def previous_files(previous: str | None) -> list[str]:
         return []
     files = match_files(kind_glob(previous, HISTORIES))
     if not files:
-        raise ConfigError("--previous", f"{previous!r} holds no histories/shard=*/*.parquet",
-                          "point it at the --output folder of an earlier features run")
+        raise ConfigError(
+            "--previous",
+            f"{previous!r} holds no histories/shard=*/*.parquet",
+            "point it at the --output folder of an earlier features run",
+        )
     return files
 
 
-def build_features(p: beam.Pipeline, config: FeaturesConfig, splits: Sequence, previous: Sequence[str],
-                   source: beam.PTransform | None = None) -> None:
+def build_features(
+    p: beam.Pipeline,
+    config: FeaturesConfig,
+    splits: Sequence,
+    previous: Sequence[str],
+    source: beam.PTransform | None = None,
+) -> None:
     """Add the features steps to ``p``.
 
     ``source`` replaces the file source: any PTransform with ReadEvents' tagged
@@ -81,23 +88,30 @@ def build_features(p: beam.Pipeline, config: FeaturesConfig, splits: Sequence, p
     read = p | "ReadEvents" >> source
     read_counts = read[COUNTS] | "SumReadCounts" >> beam.CombineGlobally(sum_counts)
     built = read[EVENTS] | "BuildHistories" >> BuildHistories(
-        config.output, beam.pvalue.AsSingleton(read_counts), previous=previous, num_shards=config.num_shards,
-        max_history=config.max_history, windows=config.windows,
+        config.output,
+        beam.pvalue.AsSingleton(read_counts),
+        previous=previous,
+        num_shards=config.num_shards,
+        max_history=config.max_history,
+        windows=config.windows,
     )
     _ = read[DEAD] | "WriteDeadLetters" >> WriteDeadLetters(config.output)
     extra: dict[str, Any] = {
-        "inputs": list(config.inputs), "previous": config.previous, "max_history": config.max_history,
-        "num_shards": config.num_shards, "layout_version": HISTORY.version,
+        "inputs": list(config.inputs),
+        "previous": config.previous,
+        "max_history": config.max_history,
+        "num_shards": config.num_shards,
+        "layout_version": HISTORY.version,
     }
-    _ = (
-        (read_counts, built)
-        | "AllCounts" >> beam.Flatten()
-        | "WriteSummary" >> WriteSummary(config.output, extra)
-    )
+    _ = (read_counts, built) | "AllCounts" >> beam.Flatten() | "WriteSummary" >> WriteSummary(config.output, extra)
 
 
-def run_features(config: FeaturesConfig, options: PipelineOptions, runner: object | None = None,
-                 source: beam.PTransform | None = None) -> dict:
+def run_features(
+    config: FeaturesConfig,
+    options: PipelineOptions,
+    runner: object | None = None,
+    source: beam.PTransform | None = None,
+) -> dict:
     """Validate, run, and return the summary (also written to ``<output>/summary.json``).
 
     With ``source`` (see :func:`build_features`) ``config.inputs`` only label the summary.
@@ -107,7 +121,12 @@ def run_features(config: FeaturesConfig, options: PipelineOptions, runner: objec
     splits = splits_of(paths)
     log.info("features: %d file(s), %d split(s), %d previous file(s)", len(paths), len(splits), len(previous))
     return run_stage(
-        config.output, lambda p: build_features(p, config, splits, previous, source),
-        kinds=OUTPUT_SUBDIRS, holds="a features snapshot", overwrite=config.overwrite, balance=RECORDS,
-        options=options, runner=runner,
+        config.output,
+        lambda p: build_features(p, config, splits, previous, source),
+        kinds=OUTPUT_SUBDIRS,
+        holds="a features snapshot",
+        overwrite=config.overwrite,
+        balance=RECORDS,
+        options=options,
+        runner=runner,
     )

@@ -28,8 +28,15 @@ from pipelines.io.payloads import Payloads
 from pipelines.io.shards import split_by_shard
 from pipelines.io.snapshot import COUNTS, DEAD, EVENTS
 
-__all__ = ["ReadEvents", "ReadEventsFromKafka", "ReadMetrics", "counts_of", "decode_batch", "decode_lines",
-           "emit_parsed"]
+__all__ = [
+    "ReadEvents",
+    "ReadEventsFromKafka",
+    "ReadMetrics",
+    "counts_of",
+    "decode_batch",
+    "decode_lines",
+    "emit_parsed",
+]
 
 NAMESPACE = "features"
 
@@ -69,9 +76,12 @@ def emit_parsed(result: ParseResult, num_shards: int, metrics: ReadMetrics) -> I
 def counts_of(result: ParseResult) -> dict[str, int]:
     """The count dict a read step emits for one parsed batch (any source with ReadEvents' outputs)."""
     reasons = Counter(result.dead_letters.column("reason").to_pylist())
-    return {"records_in": result.num_records, "dead_letters": sum(reasons.values()),
-            "max.event_time_ms": _max_event_ms(result.events),
-            **{f"dead_letters.{r}": n for r, n in reasons.items()}}
+    return {
+        "records_in": result.num_records,
+        "dead_letters": sum(reasons.values()),
+        "max.event_time_ms": _max_event_ms(result.events),
+        **{f"dead_letters.{r}": n for r, n in reasons.items()},
+    }
 
 
 def _max_event_ms(table: pa.Table) -> int:
@@ -124,7 +134,8 @@ class ReadEvents(beam.PTransform):
             pbegin
             | "Splits" >> beam.Create(self._splits)
             | "Reshuffle" >> beam.Reshuffle()
-            | "Parse" >> beam.ParDo(_ReadSplitFn(self._batch_size, self._num_shards))
+            | "Parse"
+            >> beam.ParDo(_ReadSplitFn(self._batch_size, self._num_shards))
             .with_output_types(tuple[int, pa.Table])
             .with_outputs(DEAD, COUNTS, main=EVENTS)
         )
@@ -150,8 +161,15 @@ class ReadEventsFromKafka(beam.PTransform):
     raw messages; this step decodes them with the same decoder as files.
     """
 
-    def __init__(self, connection: Any, ranges: Sequence[Any], *, num_shards: int,
-                 backend: str = "kafka-python", max_batch: int = 20_000) -> None:
+    def __init__(
+        self,
+        connection: Any,
+        ranges: Sequence[Any],
+        *,
+        num_shards: int,
+        backend: str = "kafka-python",
+        max_batch: int = 20_000,
+    ) -> None:
         super().__init__()
         from pipelines.io.kafka.beam import ReadFromKafka
 
@@ -163,9 +181,8 @@ class ReadEventsFromKafka(beam.PTransform):
         return (
             pbegin
             | "Fetch" >> self._read
-            | "Decode" >> beam.ParDo(_DecodeBatchFn(self._num_shards))
+            | "Decode"
+            >> beam.ParDo(_DecodeBatchFn(self._num_shards))
             .with_output_types(tuple[int, pa.Table])
             .with_outputs(DEAD, COUNTS, main=EVENTS)
         )
-
-

@@ -70,8 +70,9 @@ class _BuildShardFn(beam.DoFn):
         events = _concat(t for t in tables if not _is_history(t)) or EVENT.schema.empty_table()
         previous = _concat(t for t in tables if _is_history(t))
         watermark_ms = counts.get("max.event_time_ms", 0)
-        build = build_histories(events, previous, max_history=self._max_history,
-                                watermark_ms=watermark_ms or None, windows=self._windows)
+        build = build_histories(
+            events, previous, max_history=self._max_history, watermark_ms=watermark_ms or None, windows=self._windows
+        )
         self._write(build.histories, shard_path(self._output, HISTORIES, shard), HISTORY)
         self._write(build.examples, shard_path(self._output, TRAINING_EXAMPLES, shard), TRAINING_EXAMPLE)
         self._users.inc(build.histories.num_rows)
@@ -97,9 +98,16 @@ class BuildHistories(beam.PTransform):
     is the snapshot's watermark).
     """
 
-    def __init__(self, output: str, counts: beam.pvalue.AsSingleton, *, previous: Sequence[str] = (),
-                 num_shards: int = 16,
-                 max_history: int = 4096, windows: LabelWindows | None = None) -> None:
+    def __init__(
+        self,
+        output: str,
+        counts: beam.pvalue.AsSingleton,
+        *,
+        previous: Sequence[str] = (),
+        num_shards: int = 16,
+        max_history: int = 4096,
+        windows: LabelWindows | None = None,
+    ) -> None:
         super().__init__()
         if num_shards < 1:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
@@ -113,8 +121,10 @@ class BuildHistories(beam.PTransform):
         previous = (
             keyed_events.pipeline
             | "PreviousFiles" >> beam.Create(self._previous)
-            | "ReadPrevious" >> beam.FlatMap(lambda path, n: split_by_shard(read_table(path, HISTORY), n),
-                                             self._num_shards).with_output_types(tuple[int, pa.Table])
+            | "ReadPrevious"
+            >> beam.FlatMap(
+                lambda path, n: split_by_shard(read_table(path, HISTORY), n), self._num_shards
+            ).with_output_types(tuple[int, pa.Table])
         )
         return (
             (keyed_events, previous)

@@ -54,8 +54,11 @@ def _reason(df: pl.DataFrame) -> pl.Expr:
         if not field.nullable:
             rules.append((pl.col(field.name).is_null(), reasons.MISSING_FIELD, f"missing {field.name}"))
     rules += [
-        (~pl.col("event_id").str.len_chars().is_between(1, MAX_EVENT_ID_CHARS), reasons.OUT_OF_RANGE,
-         "event_id length"),
+        (
+            ~pl.col("event_id").str.len_chars().is_between(1, MAX_EVENT_ID_CHARS),
+            reasons.OUT_OF_RANGE,
+            "event_id length",
+        ),
         *[(pl.col(n) < 0, reasons.OUT_OF_RANGE, f"{n} negative") for n in _INTS],
         (pl.col("item_category") > INT32_MAX, reasons.OUT_OF_RANGE, "item_category > int32"),
         *[(pl.col(f"_{n}") < 0, reasons.UNKNOWN_ENUM, f"unknown {n}") for n in _ENUMS if n != "device"],
@@ -63,10 +66,16 @@ def _reason(df: pl.DataFrame) -> pl.Expr:
         (~pl.col("_time").is_between(0, MAX_TIME_MS), reasons.BAD_TIMESTAMP, "event_time outside [1970, 9999]"),
         (~pl.col("value").is_finite(), reasons.NON_FINITE, "value is not finite"),
         (pl.col("value").abs() > FLOAT32_MAX, reasons.OUT_OF_RANGE, "value overflows float32"),
-        (pl.col("is_ad") & pl.col("advertiser_id").is_null(), reasons.AD_WITHOUT_ADVERTISER,
-         "is_ad is true but advertiser_id is missing"),
-        (~pl.col("is_ad") & pl.col("advertiser_id").is_not_null(), reasons.ORGANIC_WITH_ADVERTISER,
-         "advertiser_id is set on organic content"),
+        (
+            pl.col("is_ad") & pl.col("advertiser_id").is_null(),
+            reasons.AD_WITHOUT_ADVERTISER,
+            "is_ad is true but advertiser_id is missing",
+        ),
+        (
+            ~pl.col("is_ad") & pl.col("advertiser_id").is_not_null(),
+            reasons.ORGANIC_WITH_ADVERTISER,
+            "advertiser_id is set on organic content",
+        ),
     ]
     # Built inside out so the first rule wins: when(r0) then .. otherwise(when(r1) ...).
     expr: pl.Expr = pl.lit(None, pl.String)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipelines.optional import require
+
 
 def save_plot(path: str, lengths: np.ndarray, mixes: dict[str, list[tuple[str, int, float]]]) -> str:
-    import matplotlib
+    matplotlib = require("matplotlib", "plot", "inspect --plot (matplotlib)")
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

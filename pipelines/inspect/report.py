@@ -68,8 +68,10 @@ def text_histogram(values: np.ndarray, bins: int = 12, width: int = 40) -> list[
     peak = max(int(counts.max()), 1)
     lows, highs = np.r_[0, edges[1:-1]], edges[1:] - 1
     highs[-1] += 1  # numpy's last bin is closed
-    return [f"{lo:>7}-{hi:<7} | {'#' * round(width * n / peak):<{width}} {n}"
-            for lo, hi, n in zip(lows, highs, counts, strict=True)]
+    return [
+        f"{lo:>7}-{hi:<7} | {'#' * round(width * n / peak):<{width}} {n}"
+        for lo, hi, n in zip(lows, highs, counts, strict=True)
+    ]
 
 
 def history_lengths(table: pa.Table) -> np.ndarray:
@@ -80,8 +82,9 @@ def enum_mix(codes: pa.ChunkedArray | pa.Array, names: tuple[str, ...]) -> list[
     """(name, count, share) per enum value present, most common first."""
     counts = pl.Series(codes.to_numpy(zero_copy_only=False)).value_counts(sort=True)
     total = max(int(counts["count"].sum()), 1)
-    return [(names[int(c)] if 0 <= int(c) < len(names) else str(c), int(n), int(n) / total)
-            for c, n in counts.iter_rows()]
+    return [
+        (names[int(c)] if 0 <= int(c) < len(names) else str(c), int(n), int(n) / total) for c, n in counts.iter_rows()
+    ]
 
 
 def history_event_mix(table: pa.Table) -> dict[str, list[tuple[str, int, float]]]:
@@ -105,12 +108,16 @@ def user_timeline(table: pa.Table, user_id: int) -> list[str]:
         return [f"user {user_id}: no history"]
     row = rows[0]
     summary = row["summary"]
-    lines = [f"user {user_id}: {len(row['events'])} retained of {row['num_events_total']} events, "
-             f"{summary['evicted_count']} evicted, watermark {row['watermark']}"]
+    lines = [
+        f"user {user_id}: {len(row['events'])} retained of {row['num_events_total']} events, "
+        f"{summary['evicted_count']} evicted, watermark {row['watermark']}"
+    ]
     for e in row["events"]:
         kind = "ad" if e["is_ad"] else "organic"
-        lines.append(f"  {e['event_time']}  {SURFACES[e['surface']]:<22} {EVENT_TYPES[e['event_type']]:<19} "
-                     f"item={e['item_id']} ({kind}, cat {e['item_category']}) value={e['value']}")
+        lines.append(
+            f"  {e['event_time']}  {SURFACES[e['surface']]:<22} {EVENT_TYPES[e['event_type']]:<19} "
+            f"item={e['item_id']} ({kind}, cat {e['item_category']}) value={e['value']}"
+        )
     return lines
 
 
@@ -138,4 +145,3 @@ def example_label_rates(table: pa.Table) -> dict[str, float]:
         "clicked": pc.sum(table.column("clicked")).as_py() / n if table.num_rows else 0.0,
         "converted": pc.sum(table.column("converted")).as_py() / n if table.num_rows else 0.0,
     }
-

@@ -20,7 +20,12 @@ def dead_letter_table(stage: str, rejects: Sequence[Reject]) -> pa.Table:
     """DEAD_LETTER table from (reason, detail, payload, source) tuples."""
     reason, detail, payload, source = (list(c) for c in zip(*rejects, strict=True)) if rejects else ([], [], [], [])
     return pa.Table.from_arrays(
-        [pa.array([stage] * len(reason), pa.string()), pa.array(reason, pa.string()),
-         pa.array(detail, pa.string()), pa.array(payload, pa.binary()), pa.array(source, pa.string())],
+        [
+            pa.array([stage] * len(reason), pa.string()),
+            pa.array(reason, pa.string()),
+            pa.array(detail, pa.string()),
+            pa.array(payload, pa.binary()),
+            pa.array(source, pa.string()),
+        ],
         schema=DEAD_LETTER.schema,
     )

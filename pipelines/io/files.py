@@ -41,8 +41,11 @@ def expand_inputs(patterns: Sequence[str], flag: str = "--input") -> list[str]:
         paths.extend(matched)
     unknown = [p for p in paths if not p.endswith(JSONL_SUFFIXES + PARQUET_SUFFIXES)]
     if unknown:
-        raise ConfigError(flag, f"unsupported file type {unknown[0]!r}",
-                          f"give files ending in {', '.join(JSONL_SUFFIXES + PARQUET_SUFFIXES)}")
+        raise ConfigError(
+            flag,
+            f"unsupported file type {unknown[0]!r}",
+            f"give files ending in {', '.join(JSONL_SUFFIXES + PARQUET_SUFFIXES)}",
+        )
     return sorted(set(paths))
 
 

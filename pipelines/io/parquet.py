@@ -49,6 +49,4 @@ def check_layout(schema: pa.Schema, layout: Layout, where: str) -> None:
     if found is None:
         raise LayoutError(f"{where}: no layout metadata; expected {layout.name} v{layout.version}")
     if found != (layout.name, layout.version):
-        raise LayoutError(
-            f"{where}: layout {found[0]} v{found[1]}, expected {layout.name} v{layout.version}"
-        )
+        raise LayoutError(f"{where}: layout {found[0]} v{found[1]}, expected {layout.name} v{layout.version}")

@@ -47,9 +47,11 @@ class Payloads:
         if len(parts) <= 1:
             return parts[0] if parts else cls.from_list([])
         shifts = np.cumsum([0, *(len(p.data) for p in parts[:-1])])
-        return cls(b"".join(p.data for p in parts),
-                   np.concatenate([p.starts + s for p, s in zip(parts, shifts, strict=True)]),
-                   np.concatenate([p.lengths for p in parts]))
+        return cls(
+            b"".join(p.data for p in parts),
+            np.concatenate([p.starts + s for p, s in zip(parts, shifts, strict=True)]),
+            np.concatenate([p.lengths for p in parts]),
+        )
 
     def __len__(self) -> int:
         return len(self.starts)

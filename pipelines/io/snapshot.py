@@ -38,7 +38,11 @@ __all__ = [
 EVENTS, DEAD, COUNTS = "events", "dead_letters", "counts"
 #: The kinds of output a snapshot folder holds (one sub-folder each); every snapshot has dead letters.
 HISTORIES, TRAINING_EXAMPLES, REPRESENTATIONS, DEAD_LETTERS = (
-    "histories", "training_examples", "representations", "dead_letters")
+    "histories",
+    "training_examples",
+    "representations",
+    "dead_letters",
+)
 
 
 def prepare_output(directory: str, subdirs: Sequence[str], *, overwrite: bool, holds: str) -> None:

@@ -59,4 +59,3 @@ class Balance:
         total = summary.get(self.total, 0)
         if accounted != total:
             raise PipelinesError(f"{self.name} balance broken: {total} in, {accounted} accounted")
-

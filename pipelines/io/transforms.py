@@ -38,11 +38,7 @@ class WriteDeadLetters(beam.PTransform):
         self._path = join(output, DEAD_LETTERS, "part-00000.parquet")
 
     def expand(self, dead: beam.PCollection) -> beam.PCollection:
-        return (
-            dead
-            | "ToOne" >> beam.combiners.ToList()
-            | "Write" >> beam.Map(self._write)
-        )
+        return dead | "ToOne" >> beam.combiners.ToList() | "Write" >> beam.Map(self._write)
 
     def _write(self, tables: list[pa.Table]) -> str:
         table = pa.concat_tables(tables) if tables else DEAD_LETTER.schema.empty_table()

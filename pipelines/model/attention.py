@@ -39,8 +39,9 @@ class BlockAttention(nn.Module):
     O(L * (2S + K) * D): linear in the history length.
     """
 
-    def __init__(self, d_model: int, num_heads: int, attend_previous: bool, ffn_multiplier: int,
-                 dropout: float) -> None:
+    def __init__(
+        self, d_model: int, num_heads: int, attend_previous: bool, ffn_multiplier: int, dropout: float
+    ) -> None:
         super().__init__()
         self.num_heads, self.head_dim = num_heads, d_model // num_heads
         self.attend_previous = attend_previous
@@ -60,46 +61,58 @@ class BlockAttention(nn.Module):
         k, v = self.context_kv(summary).chunk(2, dim=-1)
         return self._heads(k), self._heads(v)  # (B, K, H, dh) each
 
-    def forward(self, tokens: torch.Tensor, layout: BlockLayout, summary: torch.Tensor | None,
-                max_blocks: int | None = None) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, layout: BlockLayout, summary: torch.Tensor | None, max_blocks: int | None = None
+    ) -> torch.Tensor:
         """Runs over chunks of at most ``max_blocks`` blocks (all at once when None)."""
         if tokens.shape[0] == 0:
             return tokens
         context = self._context(summary)
         context_kv = None if context is None else torch.stack(context, dim=2)  # (B, K, 2, H, dh)
         previous_valid = layout.previous_valid
-        outputs = [self._chunk(tokens, layout, chunk, context_kv, previous_valid)
-                   for chunk in layout.chunks(max_blocks or max(layout.num_blocks, 1))]
+        outputs = [
+            self._chunk(tokens, layout, chunk, context_kv, previous_valid)
+            for chunk in layout.chunks(max_blocks or max(layout.num_blocks, 1))
+        ]
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
-    def _chunk(self, tokens: torch.Tensor, layout: BlockLayout, chunk: BlockChunk,
-               context_kv: torch.Tensor | None, previous_valid: torch.Tensor) -> torch.Tensor:
+    def _chunk(
+        self,
+        tokens: torch.Tensor,
+        layout: BlockLayout,
+        chunk: BlockChunk,
+        context_kv: torch.Tensor | None,
+        previous_valid: torch.Tensor,
+    ) -> torch.Tensor:
         """The layer's output ``(token_end - own_start, D)`` for one chunk's own tokens."""
         n, size = chunk.end - chunk.first, layout.block_size
-        qkv = self.qkv(self.norm(tokens[chunk.token_start:chunk.token_end]))
+        qkv = self.qkv(self.norm(tokens[chunk.token_start : chunk.token_end]))
         qkv = qkv.view(-1, 3, self.num_heads, self.head_dim)
         # one gather for q, k and v; row 0 is the block before the chunk (or an empty one)
         blocks = qkv.index_select(0, chunk.source).view(n + 1, size, 3, self.num_heads, self.head_dim)
         q, kv = blocks[1:, :, 0], blocks[:, :, 1:]
-        valid = layout.valid[chunk.first:chunk.end]
+        valid = layout.valid[chunk.first : chunk.end]
         parts, masks = [kv[1:]], [valid]
         if self.attend_previous:
             parts.insert(0, kv[:-1])
-            masks.insert(0, previous_valid[chunk.first:chunk.end])
+            masks.insert(0, previous_valid[chunk.first : chunk.end])
         if context_kv is not None:
-            parts.append(context_kv[layout.block_user[chunk.first:chunk.end]])  # (n, K, 2, H, dh)
+            parts.append(context_kv[layout.block_user[chunk.first : chunk.end]])  # (n, K, 2, H, dh)
             masks.append(valid.new_ones(n, context_kv.shape[1]))
         keys_values = torch.cat(parts, dim=1)  # (n, Sk, 2, H, dh)
         attended = F.scaled_dot_product_attention(
-            q.transpose(1, 2), keys_values[:, :, 0].transpose(1, 2), keys_values[:, :, 1].transpose(1, 2),
+            q.transpose(1, 2),
+            keys_values[:, :, 0].transpose(1, 2),
+            keys_values[:, :, 1].transpose(1, 2),
             attn_mask=torch.cat(masks, dim=1)[:, None, None, :],
         )  # (n, H, S, dh)
         mixed = attended.transpose(1, 2).reshape(n * size, -1).index_select(0, chunk.slot)
-        own = tokens[chunk.own_start:chunk.token_end]
+        own = tokens[chunk.own_start : chunk.token_end]
         return self.ffn(own + self.dropout(self.out(mixed)))
 
-    def reference(self, padded: torch.Tensor, mask: torch.Tensor, summary: torch.Tensor | None,
-                  block_size: int) -> torch.Tensor:
+    def reference(
+        self, padded: torch.Tensor, mask: torch.Tensor, summary: torch.Tensor | None, block_size: int
+    ) -> torch.Tensor:
         """Padded reference: ``padded: (B, T, D)``, ``mask: (B, T)`` -> ``(B, T, D)``.
 
         Builds the full ``(B, T, T + K)`` attention mask from the block rule and runs
@@ -127,8 +140,9 @@ class BlockAttention(nn.Module):
         return out * mask[..., None]
 
 
-def jagged_pool(queries: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, layout: BlockLayout
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def jagged_pool(
+    queries: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, layout: BlockLayout
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention of Q queries per user over that user's whole history, block by block.
 
     ``queries: (H, Q, dh)`` shared by every user, or ``(B, H, Q, dh)`` per user;
@@ -151,20 +165,21 @@ def jagged_pool(queries: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, layou
     user_max = block_max.new_full(shape, float("-inf")).scatter_reduce(0, owner, block_max.detach(), "amax")
     weight = torch.exp(block_max - user_max[layout.block_user])
     total = block_max.new_zeros(shape).index_add(0, layout.block_user, block_sum * weight)
-    pooled = block_out.new_zeros((*shape, vb.shape[-1])).index_add(
-        0, layout.block_user, block_out * weight[..., None])
+    pooled = block_out.new_zeros((*shape, vb.shape[-1])).index_add(0, layout.block_user, block_out * weight[..., None])
     return pooled / total.clamp_min(1e-30)[..., None], _log_mass(user_max, total)
 
 
 def _log_mass(user_max: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
     """log of the softmax normaliser (log-sum-exp of the scores); 0 for an empty history."""
     empty = total <= 0
-    return torch.where(empty, torch.zeros_like(total),
-                       torch.where(empty, 0.0, user_max) + torch.log(total.clamp_min(1e-30)))
+    return torch.where(
+        empty, torch.zeros_like(total), torch.where(empty, 0.0, user_max) + torch.log(total.clamp_min(1e-30))
+    )
 
 
-def padded_pool(queries: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def padded_pool(
+    queries: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference of :func:`jagged_pool`: ``queries: (H, Q, dh) | (B, H, Q, dh)``,
     ``k, v: (B, H, T, dh)``, ``mask: (B, T)`` -> ``(B, H, Q, dh), (B, H, Q)``."""
     q = queries[None] if queries.dim() == 3 else queries
@@ -191,8 +206,10 @@ class _Pooling(nn.Module):
 
     def _padded(self, padded: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         batch, width, _ = padded.shape
-        k, v = (t.view(batch, width, self.num_heads, self.head_dim).transpose(1, 2)
-                for t in self.kv(self.norm(padded)).chunk(2, dim=-1))
+        k, v = (
+            t.view(batch, width, self.num_heads, self.head_dim).transpose(1, 2)
+            for t in self.kv(self.norm(padded)).chunk(2, dim=-1)
+        )
         return k, v
 
     def _merge(self, pooled: torch.Tensor) -> torch.Tensor:
@@ -207,8 +224,7 @@ class PooledSummary(_Pooling):
     ``tokens: (L, D)`` -> ``summary: (B, K, D)`` (see :func:`jagged_pool`).
     """
 
-    def __init__(self, d_model: int, num_heads: int, num_seeds: int, ffn_multiplier: int,
-                 dropout: float) -> None:
+    def __init__(self, d_model: int, num_heads: int, num_seeds: int, ffn_multiplier: int, dropout: float) -> None:
         super().__init__(d_model, num_heads)
         self.seeds = nn.Parameter(torch.randn(num_seeds, d_model) * 0.02)
         self.q = nn.Linear(d_model, d_model)
@@ -265,7 +281,8 @@ class TargetAttention(nn.Module):
         values = self.value(h).view(-1, self.num_heads, self.head_dim).float()  # (L, H, dh)
         shape = (lengths.numel(), self.num_heads)
         user_max = scores.new_full(shape, float("-inf")).scatter_reduce(
-            0, owner[:, None].expand_as(scores), scores.detach(), "amax")
+            0, owner[:, None].expand_as(scores), scores.detach(), "amax"
+        )
         weight = torch.exp(scores - user_max[owner])
         total = scores.new_zeros(shape).index_add(0, owner, weight)
         pooled = values.new_zeros((*shape, self.head_dim)).index_add(0, owner, weight[..., None] * values)

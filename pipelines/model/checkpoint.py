@@ -43,8 +43,9 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cpu")
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise ConfigError("--device", "cuda was asked for but no CUDA device is visible",
-                              "pass --device auto or --device cpu")
+            raise ConfigError(
+                "--device", "cuda was asked for but no CUDA device is visible", "pass --device auto or --device cpu"
+            )
         return torch.device(name)
     raise ConfigError("--device", f"unknown device {name!r}", "pass auto, cpu or cuda")
 
@@ -70,8 +71,11 @@ def save_checkpoint(model: GemModel, path: str | Path) -> Path:
     model.model_version = model_version(model)
     state = {name: t.detach().cpu() for name, t in model.state_dict().items()}
     payload: dict[str, Any] = {
-        "format": _FORMAT, "architecture_version": ARCHITECTURE_VERSION,
-        "model_version": model.model_version, "config": model.config.to_dict(), "state_dict": state,
+        "format": _FORMAT,
+        "architecture_version": ARCHITECTURE_VERSION,
+        "model_version": model.model_version,
+        "config": model.config.to_dict(),
+        "state_dict": state,
     }
     tmp = target.with_suffix(".tmp")
     torch.save(payload, tmp)
@@ -94,13 +98,16 @@ def _read(target: Path) -> dict[str, Any]:
     if not isinstance(payload, dict) or payload.get("format") != _FORMAT:
         raise CheckpointError(f"{target}: not a GEM checkpoint (no format={_FORMAT!r} entry)")
     if payload.get("architecture_version") != ARCHITECTURE_VERSION:
-        raise CheckpointError(f"{target}: architecture version {payload.get('architecture_version')}, "
-                              f"this code reads version {ARCHITECTURE_VERSION}; retrain the model")
+        raise CheckpointError(
+            f"{target}: architecture version {payload.get('architecture_version')}, "
+            f"this code reads version {ARCHITECTURE_VERSION}; retrain the model"
+        )
     return payload
 
 
-def load_model(path: str | Path, *, device: str | torch.device = "auto",
-               expected_config: GemConfig | None = None) -> GemModel:
+def load_model(
+    path: str | Path, *, device: str | torch.device = "auto", expected_config: GemConfig | None = None
+) -> GemModel:
     """Load a checkpoint (file or model directory) into a :class:`GemModel` in eval mode.
 
     ``expected_config``, when given, must equal the stored config field by field.
@@ -120,8 +127,10 @@ def load_model(path: str | Path, *, device: str | torch.device = "auto",
     except RuntimeError as exc:  # shape mismatches
         raise CheckpointError(f"{target}: weights do not match the config ({exc})") from exc
     if result.missing_keys or result.unexpected_keys:
-        raise CheckpointError(f"{target}: weights do not match the config: missing "
-                              f"{result.missing_keys[:5]}, unexpected {result.unexpected_keys[:5]}")
+        raise CheckpointError(
+            f"{target}: weights do not match the config: missing "
+            f"{result.missing_keys[:5]}, unexpected {result.unexpected_keys[:5]}"
+        )
     model.model_version = str(payload["model_version"])
     dev = resolve_device(device) if isinstance(device, str) else device
     log.info("loaded %s (%s) on %s", target, model.model_version, dev)

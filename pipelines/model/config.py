@@ -70,26 +70,38 @@ class GemConfig:
     dropout: float = 0.0
 
     def __post_init__(self) -> None:
-        positive = ("d_model", "num_heads", "num_layers", "block_size", "num_seeds", "ffn_multiplier",
-                    "max_len", "time_buckets", "value_buckets", "count_buckets", "top_k",
-                    "dcn_layers", "dcn_rank", "representation_dim")
+        positive = (
+            "d_model",
+            "num_heads",
+            "num_layers",
+            "block_size",
+            "num_seeds",
+            "ffn_multiplier",
+            "max_len",
+            "time_buckets",
+            "value_buckets",
+            "count_buckets",
+            "top_k",
+            "dcn_layers",
+            "dcn_rank",
+            "representation_dim",
+        )
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"GemConfig.{name} must be a positive int, got {value!r}")
         if self.d_model % self.num_heads:
-            raise ValueError(f"GemConfig.d_model ({self.d_model}) must be divisible by "
-                             f"num_heads ({self.num_heads})")
+            raise ValueError(f"GemConfig.d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
         if not self.experts or any(kind not in EXPERT_KINDS for kind in self.experts):
-            raise ValueError(f"GemConfig.experts must be a non-empty tuple of {EXPERT_KINDS}, "
-                             f"got {self.experts!r}")
+            raise ValueError(f"GemConfig.experts must be a non-empty tuple of {EXPERT_KINDS}, got {self.experts!r}")
         if self.top_k > len(self.experts):
-            raise ValueError(f"GemConfig.top_k ({self.top_k}) exceeds the number of experts "
-                             f"({len(self.experts)})")
+            raise ValueError(f"GemConfig.top_k ({self.top_k}) exceeds the number of experts ({len(self.experts)})")
         missing = {"item", "advertiser", "category", "user"} - set(self.hash_sizes)
         if missing or any(int(v) < 2 for v in self.hash_sizes.values()):
-            raise ValueError(f"GemConfig.hash_sizes needs item, advertiser, category and user "
-                             f"tables of at least 2 rows, got {self.hash_sizes!r}")
+            raise ValueError(
+                f"GemConfig.hash_sizes needs item, advertiser, category and user "
+                f"tables of at least 2 rows, got {self.hash_sizes!r}"
+            )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"GemConfig.dropout must be in [0, 1), got {self.dropout}")
         object.__setattr__(self, "experts", tuple(self.experts))

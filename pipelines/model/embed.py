@@ -89,7 +89,7 @@ class TokenEmbedder(nn.Module):
         self.ctx_norm = nn.LayerNorm(d)
         for module in self.modules():
             if isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, std=d ** -0.5)
+                nn.init.normal_(module.weight, std=d**-0.5)
 
     def _hashed(self, table: str, ids: torch.Tensor) -> torch.Tensor:
         embedding: nn.Embedding = getattr(self, table)
@@ -98,8 +98,9 @@ class TokenEmbedder(nn.Module):
     def sequence(self, batch: GemBatch) -> torch.Tensor:
         cfg = self.config
         gap, has_prev = previous_gaps(batch.age_s, batch.offsets)
-        gap_bucket = torch.where(has_prev, log_buckets(gap, 1.5, cfg.time_buckets),
-                                 torch.full_like(gap, cfg.time_buckets, dtype=torch.long))
+        gap_bucket = torch.where(
+            has_prev, log_buckets(gap, 1.5, cfg.time_buckets), torch.full_like(gap, cfg.time_buckets, dtype=torch.long)
+        )
         tokens = (
             self._hashed("item", batch.item_id)
             + self._hashed("advertiser", batch.advertiser_id)
@@ -118,11 +119,20 @@ class TokenEmbedder(nn.Module):
         surface = torch.where(batch.request_surface < 0, cfg.num_surfaces, batch.request_surface)
         device = torch.where(batch.device < 0, cfg.num_devices, batch.device)
         count = log_buckets(batch.history_length.float(), 1.5, cfg.count_buckets)
-        tokens = [self._hashed("user", batch.user_id), self.surface(surface.clamp(0, cfg.num_surfaces)),
-                  self.device(device.clamp(0, cfg.num_devices)), self.count(count), self.dense(batch.counts)]
+        tokens = [
+            self._hashed("user", batch.user_id),
+            self.surface(surface.clamp(0, cfg.num_surfaces)),
+            self.device(device.clamp(0, cfg.num_devices)),
+            self.count(count),
+            self.dense(batch.counts),
+        ]
         return self.ctx_norm(torch.stack(tokens, dim=1))
 
     def target(self, batch: GemBatch) -> torch.Tensor:
-        tokens = [self._hashed("item", batch.target_item), self._hashed("advertiser", batch.target_advertiser),
-                  self._hashed("category", batch.target_category), self.is_ad(batch.target_is_ad)]
+        tokens = [
+            self._hashed("item", batch.target_item),
+            self._hashed("advertiser", batch.target_advertiser),
+            self._hashed("category", batch.target_category),
+            self.is_ad(batch.target_is_ad),
+        ]
         return self.ctx_norm(torch.stack(tokens, dim=1))

@@ -73,7 +73,8 @@ def shared_histories(batch: GemBatch) -> tuple[torch.Tensor, torch.Tensor] | Non
         return None
     rows = torch.arange(batch.num_rows, device=key.device)
     first = torch.full((distinct.shape[0],), batch.num_rows, device=key.device).scatter_reduce(
-        0, history_of, rows, "amin")
+        0, history_of, rows, "amin"
+    )
     same_as, _ = gather_index(batch.offsets, first[history_of])  # each token's twin in its first row
     for name in SEQUENCE_FIELDS:
         values = getattr(batch, name)
@@ -118,10 +119,14 @@ class SequenceLayer(nn.Module):
     def __init__(self, config: GemConfig, local: bool, global_: bool) -> None:
         super().__init__()
         c = config
-        self.local = BlockAttention(c.d_model, c.num_heads, c.attend_previous_block, c.ffn_multiplier,
-                                    c.dropout) if local else None
-        self.summarize = PooledSummary(c.d_model, c.num_heads, c.num_seeds, c.ffn_multiplier,
-                                       c.dropout) if global_ else None
+        self.local = (
+            BlockAttention(c.d_model, c.num_heads, c.attend_previous_block, c.ffn_multiplier, c.dropout)
+            if local
+            else None
+        )
+        self.summarize = (
+            PooledSummary(c.d_model, c.num_heads, c.num_seeds, c.ffn_multiplier, c.dropout) if global_ else None
+        )
 
 
 class GemModel(nn.Module):
@@ -133,15 +138,15 @@ class GemModel(nn.Module):
         self.embed = TokenEmbedder(c)
         self.layers = nn.ModuleList(SequenceLayer(c, local, global_) for local, global_ in c.layer_plan())
         r = c.representation_dim
-        self.user_head = nn.Sequential(
-            nn.Linear((c.num_seeds + 1) * c.d_model, 2 * r), nn.SiLU(), nn.Linear(2 * r, r))
+        self.user_head = nn.Sequential(nn.Linear((c.num_seeds + 1) * c.d_model, 2 * r), nn.SiLU(), nn.Linear(2 * r, r))
         self.interest = nn.Linear(r, c.d_model)  # user rep -> query over the category table
         self.user_token = nn.Linear(r, c.d_model)
         self.target_attention = TargetAttention(c.d_model, c.num_heads) if c.target_attention else None
         self.target_query = nn.Linear(NUM_TARGET_TOKENS * c.d_model, c.d_model) if c.target_attention else None
         self.match_token = nn.Linear(NUM_MATCH_FEATURES, c.d_model) if c.target_match else None
-        num_tokens = (c.num_seeds + 1 + NUM_CONTEXT_TOKENS + NUM_TARGET_TOKENS + int(c.target_attention)
-                      + int(c.target_match))
+        num_tokens = (
+            c.num_seeds + 1 + NUM_CONTEXT_TOKENS + NUM_TARGET_TOKENS + int(c.target_attention) + int(c.target_match)
+        )
         self.moe = MixtureOfExperts(num_tokens, c.d_model, c.experts, c.top_k, c.dcn_layers, c.dcn_rank)
         self.pair_head = nn.Linear(c.d_model, r)
         self.ad_vector = nn.Linear(NUM_TARGET_TOKENS * c.d_model, r)
@@ -162,8 +167,9 @@ class GemModel(nn.Module):
     def _sequence_layers(self) -> list[SequenceLayer]:
         return [cast(SequenceLayer, layer) for layer in self.layers]
 
-    def encode_sequence(self, tokens: torch.Tensor, offsets: torch.Tensor, target: torch.Tensor,
-                        history_of: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def encode_sequence(
+        self, tokens: torch.Tensor, offsets: torch.Tensor, target: torch.Tensor, history_of: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Jagged path: ``tokens: (L, D)``, ``offsets: (H+1,)``, ``target: (B, 4, D)`` ->
         ``summary: (B, K, D)`` and the target-aware token ``(B, 1, D)`` (None when off).
 
@@ -190,8 +196,9 @@ class GemModel(nn.Module):
             targeted = self.target_attention(tokens, offsets, self.target_query(target.flatten(1)))
         return summary, targeted
 
-    def encode_sequence_reference(self, tokens: torch.Tensor, offsets: torch.Tensor, target: torch.Tensor
-                                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def encode_sequence_reference(
+        self, tokens: torch.Tensor, offsets: torch.Tensor, target: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Padded reference of :meth:`encode_sequence` with explicit masks (tests only)."""
         padded, mask = to_padded_dense(tokens, offsets)
         summary: torch.Tensor | None = None
@@ -218,8 +225,9 @@ class GemModel(nn.Module):
         else:
             shared = shared_histories(batch) if share_histories else None
             history = batch if shared is None else batch.select(shared[0])
-            summary, targeted = self.encode_sequence(self.embed.sequence(history), history.offsets, target,
-                                                     None if shared is None else shared[1])  # (B, K, D)
+            summary, targeted = self.encode_sequence(
+                self.embed.sequence(history), history.offsets, target, None if shared is None else shared[1]
+            )  # (B, K, D)
         context = self.embed.context(batch)  # (B, 5, D)
         # the user rep reads the history's summary alone (no request, activity counts or hashed
         # user id), so a user-level row gets the representation training shaped and neighbours
@@ -284,7 +292,9 @@ class GemModel(nn.Module):
         seen = batch.category >= 0
         counts = torch.zeros(batch.num_rows, buckets, device=batch.offsets.device).index_put_(
             (owner[seen], hash_ids(batch.category[seen], CATEGORY_SALT, buckets)),
-            torch.ones(int(seen.sum()), device=batch.offsets.device), accumulate=True)
+            torch.ones(int(seen.sum()), device=batch.offsets.device),
+            accumulate=True,
+        )
         return counts / counts.sum(-1, keepdim=True).clamp_min(1.0)
 
     @torch.no_grad()
@@ -314,8 +324,11 @@ class GemModel(nn.Module):
             return np.array(t.detach().float().cpu().numpy(), dtype=np.float32, copy=True)
 
         return Representations(
-            user_id=batch.user_id.cpu().numpy().copy(), ad_id=batch.target_item.cpu().numpy().copy(),
-            p_click=np32(torch.sigmoid(out.click_logit)), p_conversion=np32(torch.sigmoid(out.conversion_logit)),
-            user_embedding=np32(out.user_embedding), pair_embedding=np32(out.pair_embedding),
+            user_id=batch.user_id.cpu().numpy().copy(),
+            ad_id=batch.target_item.cpu().numpy().copy(),
+            p_click=np32(torch.sigmoid(out.click_logit)),
+            p_conversion=np32(torch.sigmoid(out.conversion_logit)),
+            user_embedding=np32(out.user_embedding),
+            pair_embedding=np32(out.pair_embedding),
             num_tokens=lengths.cpu().numpy().copy(),
         )

@@ -102,7 +102,7 @@ class GemBatch:
         range, by copying slices instead of gathering (copies: a view would keep the whole batch
         alive, and ran ~8% slower in the precompute bench's loop)."""
         first, last = int(self.offsets[start]), int(self.offsets[stop])
-        out: dict[str, Any] = {"offsets": self.offsets[start:stop + 1] - first}
+        out: dict[str, Any] = {"offsets": self.offsets[start : stop + 1] - first}
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "offsets" or value is None:
@@ -231,12 +231,19 @@ class HistoryIndex:
         per_type += np.where((end > start)[:, None], self.evicted_type_counts[safe], 0)
         last = np.where(end > start, self.event_time[np.maximum(end - 1, 0)], request_ms)
         seconds = np.maximum(np.asarray(request_ms) - last, 0) / 1000.0
-        dense = np.concatenate([per_type, per_type.sum(axis=1, keepdims=True),
-                                np.where(end > start, seconds, -1.0)[:, None]], axis=1)
+        dense = np.concatenate(
+            [per_type, per_type.sum(axis=1, keepdims=True), np.where(end > start, seconds, -1.0)[:, None]], axis=1
+        )
         return np.log1p(np.maximum(dense, 0.0)).astype(np.float32)
 
-    def batch(self, rows: np.ndarray, ends: np.ndarray, request_ms: np.ndarray, max_len: int,
-              row_fields: dict[str, np.ndarray]) -> GemBatch:
+    def batch(
+        self,
+        rows: np.ndarray,
+        ends: np.ndarray,
+        request_ms: np.ndarray,
+        max_len: int,
+        row_fields: dict[str, np.ndarray],
+    ) -> GemBatch:
         """Cut ``events[max(0, end - max_len):end]`` of history ``rows`` (-1 = none).
 
         ``row_fields`` holds the (B,) arrays of :class:`GemBatch`'s row fields other
@@ -247,8 +254,10 @@ class HistoryIndex:
         stored = np.where(rows >= 0, self.offsets[rows + 1] - self.offsets[np.maximum(rows, 0)], 0)
         if np.any(ends > stored) or np.any(ends < 0):
             bad = int(np.flatnonzero((ends > stored) | (ends < 0))[0])
-            raise ValueError(f"history_end {ends[bad]} outside the {stored[bad]} stored events of "
-                             f"user row {rows[bad]}: examples and histories come from different snapshots")
+            raise ValueError(
+                f"history_end {ends[bad]} outside the {stored[bad]} stored events of "
+                f"user row {rows[bad]}: examples and histories come from different snapshots"
+            )
         starts = np.maximum(ends - max_len, 0)
         lengths = ends - starts
         index = _ranges(self.offsets[np.maximum(rows, 0)] + starts, lengths)
@@ -267,10 +276,15 @@ def _index(histories: pa.Table | HistoryIndex) -> HistoryIndex:
     return histories if isinstance(histories, HistoryIndex) else HistoryIndex(histories)
 
 
-def _targets(item: np.ndarray, advertiser: np.ndarray, category: np.ndarray, is_ad: np.ndarray
-             ) -> dict[str, np.ndarray]:
-    return {"target_item": item.astype(np.int64), "target_advertiser": advertiser.astype(np.int64),
-            "target_category": category.astype(np.int64), "target_is_ad": is_ad.astype(np.int64)}
+def _targets(
+    item: np.ndarray, advertiser: np.ndarray, category: np.ndarray, is_ad: np.ndarray
+) -> dict[str, np.ndarray]:
+    return {
+        "target_item": item.astype(np.int64),
+        "target_advertiser": advertiser.astype(np.int64),
+        "target_category": category.astype(np.int64),
+        "target_is_ad": is_ad.astype(np.int64),
+    }
 
 
 class ExampleSet:
@@ -293,8 +307,12 @@ class ExampleSet:
             "request_surface": _np(examples.column("surface"), -1).astype(np.int64),
             "device": _np(examples.column("device"), -1).astype(np.int64),
             "history_length": _np(examples.column("history_length"), 0).astype(np.int64),
-            **_targets(_np(examples.column("item_id")), _np(examples.column("advertiser_id"), -1),
-                       _np(examples.column("item_category"), -1), _np(examples.column("is_ad"), False)),
+            **_targets(
+                _np(examples.column("item_id")),
+                _np(examples.column("advertiser_id"), -1),
+                _np(examples.column("item_category"), -1),
+                _np(examples.column("is_ad"), False),
+            ),
             "clicked": _np(examples.column("clicked")).astype(np.float32),
             "converted": _np(examples.column("converted")).astype(np.float32),
         }
@@ -308,12 +326,16 @@ class ExampleSet:
 
     def batch(self, rows: np.ndarray | None = None, *, max_len: int) -> GemBatch:
         take = np.arange(len(self)) if rows is None else np.asarray(rows, dtype=np.int64)
-        return self.index.batch(self.rows[take], self.ends[take], self.request_ms[take], max_len,
-                                {k: v[take] for k, v in self.fields.items()})
+        return self.index.batch(
+            self.rows[take],
+            self.ends[take],
+            self.request_ms[take],
+            max_len,
+            {k: v[take] for k, v in self.fields.items()},
+        )
 
 
-def build_example_batch(histories: pa.Table | HistoryIndex, examples: pa.Table, *, max_len: int
-                        ) -> GemBatch:
+def build_example_batch(histories: pa.Table | HistoryIndex, examples: pa.Table, *, max_len: int) -> GemBatch:
     """All rows of a ``training_example`` table as one batch (see :class:`ExampleSet`)."""
     return ExampleSet(histories, examples).batch(max_len=max_len)
 
@@ -325,8 +347,13 @@ def ad_catalog(histories: pa.Table | HistoryIndex) -> pa.Table:
     ads = cols["is_ad"] == 1
     unique = np.unique(cols["item_id"][ads], return_index=True)
     items, first = np.asarray(unique[0]), np.asarray(unique[1])
-    return pa.table({"item_id": items, "advertiser_id": cols["advertiser_id"][ads][first],
-                     "item_category": cols["category"][ads][first].astype(np.int32)})
+    return pa.table(
+        {
+            "item_id": items,
+            "advertiser_id": cols["advertiser_id"][ads][first],
+            "item_category": cols["category"][ads][first].astype(np.int32),
+        }
+    )
 
 
 def _lookup(catalog: pa.Table | None, ad_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -348,8 +375,9 @@ def _evicted(index: HistoryIndex, rows: np.ndarray) -> np.ndarray:
     return np.where(rows >= 0, index.num_events_total[safe] - stored, 0)
 
 
-def build_candidate_batch(histories: pa.Table | HistoryIndex, candidates: pa.Table, *, max_len: int,
-                          catalog: pa.Table | None = None) -> GemBatch:
+def build_candidate_batch(
+    histories: pa.Table | HistoryIndex, candidates: pa.Table, *, max_len: int, catalog: pa.Table | None = None
+) -> GemBatch:
     """One row per (request, ad) of a ``candidates`` table, request-major, ads in list order.
 
     Each row sees the user's stored events strictly before ``request_time`` (the most

@@ -59,8 +59,9 @@ class MixtureOfExperts(nn.Module):
     loss (``E * sum_e f_e * P_e``; 1.0 when perfectly balanced).
     """
 
-    def __init__(self, num_tokens: int, d_model: int, kinds: tuple[str, ...], top_k: int,
-                 dcn_layers: int, dcn_rank: int) -> None:
+    def __init__(
+        self, num_tokens: int, d_model: int, kinds: tuple[str, ...], top_k: int, dcn_layers: int, dcn_rank: int
+    ) -> None:
         super().__init__()
         self.top_k = top_k
         self.gate = nn.Linear(num_tokens * d_model, len(kinds))

@@ -35,8 +35,9 @@ def gather_index(offsets: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tenso
     return index + torch.arange(total, device=offsets.device), new_offsets
 
 
-def to_padded_dense(values: torch.Tensor, offsets: torch.Tensor, max_len: int | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def to_padded_dense(
+    values: torch.Tensor, offsets: torch.Tensor, max_len: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``values: (L, *F)`` -> ``padded: (B, T, *F)`` and ``mask: (B, T)`` (True = real value).
 
     ``T`` is ``max_len`` or the longest sequence. Used by the reference path and the
@@ -99,8 +100,10 @@ class BlockLayout:
         """
         if max_blocks not in self._chunks:
             starts = lengths_to_offsets(self.valid.sum(dim=1)).tolist()  # first token of each block, once
-            self._chunks[max_blocks] = [BlockChunk.build(self, a, min(a + max_blocks, self.num_blocks), starts)
-                                        for a in range(0, self.num_blocks, max_blocks)]
+            self._chunks[max_blocks] = [
+                BlockChunk.build(self, a, min(a + max_blocks, self.num_blocks), starts)
+                for a in range(0, self.num_blocks, max_blocks)
+            ]
         return self._chunks[max_blocks]
 
     @classmethod
@@ -132,7 +135,7 @@ class BlockLayout:
         Empty slots (``~valid``) hold arbitrary finite values (a copy of token 0):
         callers mask them.
         """
-        return values.index_select(0, self.source[self.block_size:]).view(-1, self.block_size, *values.shape[1:])
+        return values.index_select(0, self.source[self.block_size :]).view(-1, self.block_size, *values.shape[1:])
 
     def gather(self, blocks: torch.Tensor) -> torch.Tensor:
         """``blocks: (NB, S, *F)`` -> ``values: (L, *F)`` (inverse of :meth:`scatter`)."""
@@ -170,6 +173,6 @@ class BlockChunk:
         s = layout.block_size
         own_start, token_end = starts[first], starts[end]
         token_start = starts[max(first - 1, 0)]
-        source = (layout.source[first * s:(end + 1) * s] - token_start).clamp_min(0)
+        source = (layout.source[first * s : (end + 1) * s] - token_start).clamp_min(0)
         slot = layout.slot[own_start:token_end] - first * s
         return cls(first, end, token_start, own_start, token_end, source, slot)

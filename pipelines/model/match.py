@@ -25,8 +25,11 @@ def match_features(batch: GemBatch) -> torch.Tensor:
     lengths = batch.lengths
     rows = lengths.numel()
     owner = torch.repeat_interleave(torch.arange(rows, device=lengths.device), lengths)
-    pairs = ((batch.item_id, batch.target_item), (batch.advertiser_id, batch.target_advertiser),
-             (batch.category, batch.target_category))
+    pairs = (
+        (batch.item_id, batch.target_item),
+        (batch.advertiser_id, batch.target_advertiser),
+        (batch.category, batch.target_category),
+    )
     same = torch.stack([(seq == target[owner]) & (seq >= 0) for seq, target in pairs], dim=1).float()  # (L, 3)
     types = F.one_hot(batch.event_type.clamp(0, len(EVENT_TYPES) - 1), len(EVENT_TYPES)).float()  # (L, E)
     per_type = (same[:, :, None] * types[:, None, :]).flatten(1)  # (L, 3E)

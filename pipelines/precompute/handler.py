@@ -37,8 +37,15 @@ def element_tokens(element: Any) -> int:
 class GemModelHandler(ModelHandler[GemBatch, PredictionResult, GemModel]):
     """Runs :meth:`GemModel.represent` over concatenated jagged batches."""
 
-    def __init__(self, model_dir: str, *, device: str = "auto", batching: Batching = "tokens",
-                 token_budget: int = 32_768, batch_size: int = 64) -> None:
+    def __init__(
+        self,
+        model_dir: str,
+        *,
+        device: str = "auto",
+        batching: Batching = "tokens",
+        token_budget: int = 32_768,
+        batch_size: int = 64,
+    ) -> None:
         if token_budget < 1 or batch_size < 1:
             raise ValueError(f"token_budget and batch_size must be >= 1, got {token_budget}, {batch_size}")
         if batching not in ("tokens", "count"):
@@ -54,8 +61,9 @@ class GemModelHandler(ModelHandler[GemBatch, PredictionResult, GemModel]):
 
         return load_model(self._model_dir, device=self._device)
 
-    def run_inference(self, batch: Sequence[GemBatch], model: GemModel,
-                      inference_args: dict[str, Any] | None = None) -> Iterable[PredictionResult]:
+    def run_inference(
+        self, batch: Sequence[GemBatch], model: GemModel, inference_args: dict[str, Any] | None = None
+    ) -> Iterable[PredictionResult]:
         merged = concat_batches(batch)
         reps = model.represent(merged)
         request_ms = merged.request_time_ms.numpy()
@@ -73,5 +81,8 @@ class GemModelHandler(ModelHandler[GemBatch, PredictionResult, GemModel]):
     def batch_elements_kwargs(self) -> Mapping[str, Any]:
         if self._batching == "count":
             return {"min_batch_size": self._batch_size, "max_batch_size": self._batch_size}
-        return {"min_batch_size": self._token_budget, "max_batch_size": self._token_budget,
-                "element_size_fn": element_tokens}
+        return {
+            "min_batch_size": self._token_budget,
+            "max_batch_size": self._token_budget,
+            "element_size_fn": element_tokens,
+        }

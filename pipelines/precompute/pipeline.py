@@ -77,8 +77,11 @@ class _Resolved:
 
 def _features_summary(features: str) -> dict[str, Any]:
     if not FileSystems.exists(join(features, SUMMARY)):
-        raise ConfigError("--features", f"{features!r} has no {SUMMARY}",
-                          "point it at the --output folder of `python -m pipelines features`")
+        raise ConfigError(
+            "--features",
+            f"{features!r} has no {SUMMARY}",
+            "point it at the --output folder of `python -m pipelines features`",
+        )
     return read_summary(features)
 
 
@@ -107,44 +110,76 @@ def _resolve(config: PrecomputeConfig) -> _Resolved:
     summary = _features_summary(config.features)
     files = match_files(kind_glob(config.features, HISTORIES))
     model = load_model_flag(config.model)
-    return _Resolved(int(summary["num_shards"]), _watermark(files), files, model.model_version,
-                     model.config.max_len)
+    return _Resolved(int(summary["num_shards"]), _watermark(files), files, model.model_version, model.config.max_len)
 
 
-def build_precompute(p: beam.Pipeline, config: PrecomputeConfig, resolved: _Resolved, splits: Sequence,
-                     computed_at_ms: int) -> None:
+def build_precompute(
+    p: beam.Pipeline, config: PrecomputeConfig, resolved: _Resolved, splits: Sequence, computed_at_ms: int
+) -> None:
     """Add the precompute steps to ``p``."""
     read = p | "ReadCandidates" >> ReadCandidates(splits, num_shards=resolved.num_shards)
     catalog = p | "AdCatalog" >> AdCatalog(resolved.history_files)
     requests = read["candidates"] | "PrepareRequests" >> PrepareRequests(
-        config.features, beam.pvalue.AsSingleton(catalog), num_shards=resolved.num_shards,
-        max_len=resolved.max_len, all_users=config.all_users)
-    handler = GemModelHandler(config.model, device=config.device, batching=config.batching,
-                              token_budget=config.token_budget, batch_size=config.batch_size)
+        config.features,
+        beam.pvalue.AsSingleton(catalog),
+        num_shards=resolved.num_shards,
+        max_len=resolved.max_len,
+        all_users=config.all_users,
+    )
+    handler = GemModelHandler(
+        config.model,
+        device=config.device,
+        batching=config.batching,
+        token_budget=config.token_budget,
+        batch_size=config.batch_size,
+    )
     reps, failed = requests | "Infer" >> RunGemInference(handler)
     written = reps | "WriteRepresentations" >> WriteRepresentations(
-        config.output, store_uri=config.store, model_version=resolved.model_version,
-        watermark_ms=resolved.watermark_ms, computed_at_ms=computed_at_ms)
+        config.output,
+        store_uri=config.store,
+        model_version=resolved.model_version,
+        watermark_ms=resolved.watermark_ms,
+        computed_at_ms=computed_at_ms,
+    )
     dead = (read[DEAD], failed) | "AllDead" >> beam.Flatten()
     _ = dead | "WriteDeadLetters" >> WriteDeadLetters(config.output)
     failed_counts = failed | "FailedCounts" >> beam.Map(lambda t: {"inference_failures": t.num_rows})
-    extra = {"features": config.features, "candidates": list(config.candidates), "model": config.model,
-             "model_version": resolved.model_version, "store": config.store, "all_users": config.all_users,
-             "batching": config.batching, "token_budget": config.token_budget}
-    _ = (read[COUNTS], written, failed_counts) | "AllCounts" >> beam.Flatten() \
+    extra = {
+        "features": config.features,
+        "candidates": list(config.candidates),
+        "model": config.model,
+        "model_version": resolved.model_version,
+        "store": config.store,
+        "all_users": config.all_users,
+        "batching": config.batching,
+        "token_budget": config.token_budget,
+    }
+    _ = (
+        (read[COUNTS], written, failed_counts)
+        | "AllCounts" >> beam.Flatten()
         | "WriteSummary" >> WriteSummary(config.output, extra)
+    )
 
 
-def run_precompute(config: PrecomputeConfig, options: PipelineOptions, runner: object | None = None,
-                   clock: Callable[[], float] = time.time) -> dict:
+def run_precompute(
+    config: PrecomputeConfig,
+    options: PipelineOptions,
+    runner: object | None = None,
+    clock: Callable[[], float] = time.time,
+) -> dict:
     """Validate, run, and return the summary (also written to ``<output>/summary.json``)."""
     resolved = _resolve(config)
     splits = splits_of(expand_inputs(config.candidates, "--candidates"))
     computed_at_ms = int(clock() * 1000)
     return run_stage(
-        config.output, lambda p: build_precompute(p, config, resolved, splits, computed_at_ms),
-        kinds=(REPRESENTATIONS, DEAD_LETTERS), holds="representations", overwrite=config.overwrite,
-        balance=PAIRS, options=options, runner=runner,
+        config.output,
+        lambda p: build_precompute(p, config, resolved, splits, computed_at_ms),
+        kinds=(REPRESENTATIONS, DEAD_LETTERS),
+        holds="representations",
+        overwrite=config.overwrite,
+        balance=PAIRS,
+        options=options,
+        runner=runner,
     )
 
 

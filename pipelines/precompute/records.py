@@ -9,8 +9,9 @@ from pipelines.model.gem import Representations
 from schemas.layouts import TIME, representation_schema
 
 
-def representation_table(reps: Representations, *, model_version: str, watermark_ms: int | np.ndarray | None,
-                         computed_at_ms: int) -> pa.Table:
+def representation_table(
+    reps: Representations, *, model_version: str, watermark_ms: int | np.ndarray | None, computed_at_ms: int
+) -> pa.Table:
     """A REPRESENTATION table: pair rows (ad_id set) carry the pair embedding, user-level rows
     (ad_id -1 in ``reps``, null here) the L2-normalised user embedding. ``watermark_ms`` is one
     history watermark for every row, or one per row (B,)."""
@@ -57,5 +58,6 @@ def latest_per_key(table: pa.Table, request_ms: np.ndarray) -> tuple[pa.Table, i
 
 def slice_representations(reps: Representations, start: int, stop: int) -> Representations:
     """Rows ``[start, stop)`` as arrays that own their memory (no view of the whole batch)."""
-    return Representations(**{name: np.array(getattr(reps, name)[start:stop], copy=True)
-                              for name in reps.__dataclass_fields__})
+    return Representations(
+        **{name: np.array(getattr(reps, name)[start:stop], copy=True) for name in reps.__dataclass_fields__}
+    )

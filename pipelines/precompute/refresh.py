@@ -73,15 +73,24 @@ class RecentCandidates:
         recent = hit & (request_ms >= last_event_ms - self.ttl_ms)
         rows = self.latest.take(pa.array(pos[recent]))
         now = np.maximum(request_ms[recent], last_event_ms[recent] + 1)
-        return rows.set_column(rows.schema.get_field_index("request_time"), "request_time",
-                               pa.array(now).cast(rows.schema.field("request_time").type))
+        return rows.set_column(
+            rows.schema.get_field_index("request_time"),
+            "request_time",
+            pa.array(now).cast(rows.schema.field("request_time").type),
+        )
 
 
 class Refresher:
     """Updated histories → REPRESENTATION rows (user-level, plus recent candidates' pairs)."""
 
-    def __init__(self, model: GemModel, model_version: str, *, candidates: RecentCandidates | None = None,
-                 token_budget: int = 32_768) -> None:
+    def __init__(
+        self,
+        model: GemModel,
+        model_version: str,
+        *,
+        candidates: RecentCandidates | None = None,
+        token_budget: int = 32_768,
+    ) -> None:
         if token_budget < 1:
             raise ValueError(f"token_budget must be >= 1, got {token_budget}")
         self._model, self._version = model, model_version
@@ -99,13 +108,19 @@ class Refresher:
         if self._candidates is not None:
             requests = self._candidates.for_users(index.user_ids, last_ms)
             if requests.num_rows:
-                batches.append(build_candidate_batch(index, requests, max_len=self._model.config.max_len,
-                                                     catalog=self._catalog))
+                batches.append(
+                    build_candidate_batch(index, requests, max_len=self._model.config.max_len, catalog=self._catalog)
+                )
         tables = []
         for batch in batches:
             for chunk in token_chunks(batch, self._budget):
                 reps = self._model.represent(chunk)
-                tables.append(representation_table(reps, model_version=self._version,
-                                                   watermark_ms=last_ms[index.rows_of(reps.user_id)],
-                                                   computed_at_ms=computed_at_ms))
+                tables.append(
+                    representation_table(
+                        reps,
+                        model_version=self._version,
+                        watermark_ms=last_ms[index.rows_of(reps.user_id)],
+                        computed_at_ms=computed_at_ms,
+                    )
+                )
         return pa.concat_tables(tables)

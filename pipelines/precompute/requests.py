@@ -34,16 +34,22 @@ class CandidateCheck:
 
 def _reasons(candidates: pa.Table) -> np.ndarray:
     """Per row, the first rule it breaks ("" where valid); vectorised."""
+
     def column(name: str) -> np.ndarray:
         return np.asarray(pc.fill_null(candidates.column(name), -1).to_numpy(zero_copy_only=False))
 
-    counts = np.asarray(pc.fill_null(pc.list_value_length(candidates.column("ad_ids")), -1)
-                        .to_numpy(zero_copy_only=False))
+    counts = np.asarray(
+        pc.fill_null(pc.list_value_length(candidates.column("ad_ids")), -1).to_numpy(zero_copy_only=False)
+    )
     users, surfaces = column("user_id"), column("surface")
     missing_time = np.asarray(candidates.column("request_time").is_null().to_numpy(zero_copy_only=False))
     return np.select(
-        [counts <= 0, counts > MAX_ADS_PER_REQUEST, (users < 0) | (surfaces < 0) | (surfaces >= len(SURFACES)),
-         missing_time],
+        [
+            counts <= 0,
+            counts > MAX_ADS_PER_REQUEST,
+            (users < 0) | (surfaces < 0) | (surfaces >= len(SURFACES)),
+            missing_time,
+        ],
         [np.array(r) for r in ("empty_candidates", "too_many_candidates", "out_of_range", "missing_field")],
         default=np.array(""),
     )
@@ -57,13 +63,21 @@ def check_candidates(candidates: pa.Table, source: str) -> CandidateCheck:
     if bad.size == 0:
         return CandidateCheck(candidates, dead_letter_table(STAGE, []))
     rows = candidates.take(pa.array(bad)).to_pylist()  # rare: only rejected rows become JSON
-    rejects = [(str(reasons[i]), f"candidate row rejected: {reasons[i]}", json.dumps(row, default=str).encode(),
-                f"{source}:{i}") for i, row in zip(bad, rows, strict=True)]
+    rejects = [
+        (
+            str(reasons[i]),
+            f"candidate row rejected: {reasons[i]}",
+            json.dumps(row, default=str).encode(),
+            f"{source}:{i}",
+        )
+        for i, row in zip(bad, rows, strict=True)
+    ]
     return CandidateCheck(candidates.filter(pa.array(valid)), dead_letter_table(STAGE, rejects))
 
 
-def request_elements(index: HistoryIndex, candidates: pa.Table, *, max_len: int,
-                     catalog: pa.Table | None) -> list[tuple[str, GemBatch]]:
+def request_elements(
+    index: HistoryIndex, candidates: pa.Table, *, max_len: int, catalog: pa.Table | None
+) -> list[tuple[str, GemBatch]]:
     """One ``(request_id, GemBatch)`` per candidate row, rows in ad-list order."""
     if candidates.num_rows == 0:
         return []

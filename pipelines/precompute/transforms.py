@@ -32,7 +32,6 @@ __all__ = ["AdCatalog", "PrepareRequests", "ReadCandidates", "RunGemInference", 
 NAMESPACE = "precompute"
 
 
-
 class _ReadCandidatesFn(beam.DoFn):
     def __init__(self, num_shards: int) -> None:
         self._num_shards = num_shards
@@ -40,9 +39,15 @@ class _ReadCandidatesFn(beam.DoFn):
     def process(self, split: Split) -> Iterator[Any]:
         table = read_row_group(split)
         check = check_candidates(table, split.path)
-        yield TaggedOutput(COUNTS, {"requests_in": table.num_rows, "pairs_in": _pairs(table),
-                                    "dead_letters": check.dead_letters.num_rows,
-                                    "dead_pairs": _pairs(table) - _pairs(check.valid)})
+        yield TaggedOutput(
+            COUNTS,
+            {
+                "requests_in": table.num_rows,
+                "pairs_in": _pairs(table),
+                "dead_letters": check.dead_letters.num_rows,
+                "dead_pairs": _pairs(table) - _pairs(check.valid),
+            },
+        )
         if check.dead_letters.num_rows:
             yield TaggedOutput(DEAD, check.dead_letters)
         yield from split_by_shard(check.valid, self._num_shards)
@@ -63,8 +68,10 @@ class ReadCandidates(beam.PTransform):
         return (
             pbegin
             | "Splits" >> beam.Create(self._splits)
-            | "Read" >> beam.ParDo(_ReadCandidatesFn(self._num_shards))
-            .with_output_types(tuple[int, pa.Table]).with_outputs(DEAD, COUNTS, main="candidates")
+            | "Read"
+            >> beam.ParDo(_ReadCandidatesFn(self._num_shards))
+            .with_output_types(tuple[int, pa.Table])
+            .with_outputs(DEAD, COUNTS, main="candidates")
         )
 
 
@@ -84,8 +91,9 @@ class _PrepareFn(beam.DoFn):
             return
         index = HistoryIndex(self._histories(shard))
         if candidates:
-            for _, batch in request_elements(index, pa.concat_tables(candidates), max_len=self._max_len,
-                                             catalog=catalog):
+            for _, batch in request_elements(
+                index, pa.concat_tables(candidates), max_len=self._max_len, catalog=catalog
+            ):
                 self._requests.inc()
                 yield shard, batch
         if self._all_users:
@@ -102,8 +110,9 @@ class _PrepareFn(beam.DoFn):
 class PrepareRequests(beam.PTransform):
     """(shard, CANDIDATES) pairs → (shard, GemBatch) model inputs, joined to that shard's histories."""
 
-    def __init__(self, features: str, catalog: beam.pvalue.AsSingleton, *, num_shards: int, max_len: int,
-                 all_users: bool) -> None:
+    def __init__(
+        self, features: str, catalog: beam.pvalue.AsSingleton, *, num_shards: int, max_len: int, all_users: bool
+    ) -> None:
         super().__init__()
         self._features, self._catalog = features, catalog
         self._num_shards, self._max_len, self._all_users = num_shards, max_len, all_users
@@ -115,8 +124,10 @@ class PrepareRequests(beam.PTransform):
         return (
             (keyed, every_shard)
             | "GroupByShard" >> GroupByShard()
-            | "Prepare" >> beam.ParDo(_PrepareFn(self._features, self._max_len, self._all_users), self._catalog)
-            .with_output_types(tuple[int, GemBatch])  # so Beam moves them with GemBatchCoder
+            | "Prepare"
+            >> beam.ParDo(_PrepareFn(self._features, self._max_len, self._all_users), self._catalog).with_output_types(
+                tuple[int, GemBatch]
+            )  # so Beam moves them with GemBatchCoder
         )
 
 
@@ -128,8 +139,7 @@ class RunGemInference(beam.PTransform):
         self._handler = handler
 
     def expand(self, keyed: beam.PCollection) -> tuple[beam.PCollection, beam.PCollection]:
-        main, other = keyed | "RunInference" >> RunInference(KeyedModelHandler(self._handler)) \
-            .with_exception_handling()
+        main, other = keyed | "RunInference" >> RunInference(KeyedModelHandler(self._handler)).with_exception_handling()
         failed = other.failed_inferences | "FailedToDeadLetters" >> beam.Map(_inference_dead_letter)
         reps = main | "Unwrap" >> beam.Map(lambda kv: (kv[0], kv[1].inference))
         return reps, failed
@@ -139,13 +149,15 @@ def _inference_dead_letter(failure: tuple[Any, Exception]) -> pa.Table:
     batch, exc = failure
     rows = [(int(b.user_id[0]) if b.num_rows else -1, b.num_rows) for _, b in batch]
     payload = str(rows).encode()
-    return dead_letter_table(STAGE, [("inference_error", f"{type(exc).__name__}: {exc}"[:500], payload,
-                                      f"batch of {len(batch)} request(s)")])
+    return dead_letter_table(
+        STAGE, [("inference_error", f"{type(exc).__name__}: {exc}"[:500], payload, f"batch of {len(batch)} request(s)")]
+    )
 
 
 class _WriteShardFn(beam.DoFn):
-    def __init__(self, output: str, store_uri: str | None, model_version: str, watermark_ms: int | None,
-                 computed_at_ms: int) -> None:
+    def __init__(
+        self, output: str, store_uri: str | None, model_version: str, watermark_ms: int | None, computed_at_ms: int
+    ) -> None:
         self._output, self._store_uri = output, store_uri
         self._model_version, self._watermark_ms, self._computed_at_ms = model_version, watermark_ms, computed_at_ms
 
@@ -168,22 +180,34 @@ class _WriteShardFn(beam.DoFn):
         reps: list[Representations] = [r for r, _ in parts]
         if not reps:
             return
-        tables = [representation_table(r, model_version=self._model_version, watermark_ms=self._watermark_ms,
-                                       computed_at_ms=self._computed_at_ms) for r in reps]
+        tables = [
+            representation_table(
+                r,
+                model_version=self._model_version,
+                watermark_ms=self._watermark_ms,
+                computed_at_ms=self._computed_at_ms,
+            )
+            for r in reps
+        ]
         table, superseded = latest_per_key(pa.concat_tables(tables), np.concatenate([t for _, t in parts]))
         write_table(table, shard_path(self._output, REPRESENTATIONS, shard), REPRESENTATION)
         if self._store is not None:
             self._store.write_batch(table)
         users = int(pc.sum(table.column("ad_id").is_null()).as_py() or 0)
-        yield {"pairs_out": table.num_rows - users, "users_out": users, "pairs_superseded": superseded,
-               "tokens": int(sum(int(r.num_tokens.sum()) for r in reps))}
+        yield {
+            "pairs_out": table.num_rows - users,
+            "users_out": users,
+            "pairs_superseded": superseded,
+            "tokens": int(sum(int(r.num_tokens.sum()) for r in reps)),
+        }
 
 
 class WriteRepresentations(beam.PTransform):
     """(shard, Representations) → Parquet per shard (+ the online store); outputs count dicts."""
 
-    def __init__(self, output: str, *, store_uri: str | None, model_version: str, watermark_ms: int | None,
-                 computed_at_ms: int) -> None:
+    def __init__(
+        self, output: str, *, store_uri: str | None, model_version: str, watermark_ms: int | None, computed_at_ms: int
+    ) -> None:
         super().__init__()
         self._fn = _WriteShardFn(output, store_uri, model_version, watermark_ms, computed_at_ms)
 

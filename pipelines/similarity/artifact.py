@@ -36,6 +36,7 @@ IDS_NAME = "ids.parquet"
 VECTORS_NAME = "vectors.npy"
 INDEX_NAME = "index.faiss"
 
+
 @dataclass(frozen=True)
 class IndexManifest:
     """What an index folder holds and how it was built (``manifest.json``)."""
@@ -78,19 +79,29 @@ def read_manifest(folder: str | Path) -> IndexManifest:
     """The manifest of an index folder; :class:`ConfigError` naming ``--index`` when absent or foreign."""
     path = Path(folder) / MANIFEST_NAME
     if not path.is_file():
-        raise ConfigError("--index", f"{str(folder)!r} has no {MANIFEST_NAME}",
-                          "pass the --output folder of `python -m pipelines index`")
+        raise ConfigError(
+            "--index",
+            f"{str(folder)!r} has no {MANIFEST_NAME}",
+            "pass the --output folder of `python -m pipelines index`",
+        )
     data: dict[str, Any] = json.loads(path.read_text())
     if data.get("format_version") != FORMAT_VERSION:
-        raise ConfigError("--index", f"{path} is index format {data.get('format_version')}, this code reads "
-                          f"{FORMAT_VERSION}", "rebuild the index with `python -m pipelines index`")
+        raise ConfigError(
+            "--index",
+            f"{path} is index format {data.get('format_version')}, this code reads {FORMAT_VERSION}",
+            "rebuild the index with `python -m pipelines index`",
+        )
     return IndexManifest(**data)
 
 
 def write_id_map(folder: str | Path, user_ids: np.ndarray) -> Path:
     path = Path(folder) / IDS_NAME
-    table = pa.table({"position": pa.array(np.arange(len(user_ids), dtype=np.int64)),
-                      "user_id": pa.array(np.asarray(user_ids, dtype=np.int64))})
+    table = pa.table(
+        {
+            "position": pa.array(np.arange(len(user_ids), dtype=np.int64)),
+            "user_id": pa.array(np.asarray(user_ids, dtype=np.int64)),
+        }
+    )
     write_table(table, str(path), ID_MAP)
     return path
 

@@ -161,8 +161,15 @@ def _tune(index: Any, vectors: np.ndarray, spec: BuildSpec) -> tuple[str, float 
     return spec.search_params, ops.recall_at_k(found, truth)
 
 
-def finish(build: BuildPlan, spec: BuildSpec, parts: list[Any], users: UserVectors, model_version: str,
-           source: str, started: float) -> BuiltIndex:
+def finish(
+    build: BuildPlan,
+    spec: BuildSpec,
+    parts: list[Any],
+    users: UserVectors,
+    model_version: str,
+    source: str,
+    started: float,
+) -> BuiltIndex:
     """Merge or shard ``parts``, tune the search parameter, and describe the result."""
     index, layout = _combine(parts)
     if index.ntotal != len(users):
@@ -170,12 +177,32 @@ def finish(build: BuildPlan, spec: BuildSpec, parts: list[Any], users: UserVecto
     params, recall = _tune(index, users.vectors, spec)
     files = [INDEX_NAME] if layout == "merged" else [f"shard-{i:05d}.faiss" for i in range(len(parts))]
     manifest = IndexManifest(
-        model_version=model_version, dim=build.dim, metric=spec.metric, factory=build.factory, count=len(users),
-        built_at=IndexManifest.now(), layout=layout, files=files, shards=len(parts), search_params=params,
-        tuned_recall_at_10=recall, train_size=len(build.sample_positions), seed=spec.seed,
-        gpu_used=ops.gpu_count(spec.gpu) > 0, build_seconds=round(time.perf_counter() - started, 3), source=source)
-    log.info("index %s: %d vectors x %d, %s, %s recall@10 %s", build.factory, len(users), build.dim, layout,
-             params or "exact", recall)
+        model_version=model_version,
+        dim=build.dim,
+        metric=spec.metric,
+        factory=build.factory,
+        count=len(users),
+        built_at=IndexManifest.now(),
+        layout=layout,
+        files=files,
+        shards=len(parts),
+        search_params=params,
+        tuned_recall_at_10=recall,
+        train_size=len(build.sample_positions),
+        seed=spec.seed,
+        gpu_used=ops.gpu_count(spec.gpu) > 0,
+        build_seconds=round(time.perf_counter() - started, 3),
+        source=source,
+    )
+    log.info(
+        "index %s: %d vectors x %d, %s, %s recall@10 %s",
+        build.factory,
+        len(users),
+        build.dim,
+        layout,
+        params or "exact",
+        recall,
+    )
     return BuiltIndex(index, parts if layout == "sharded" else [index], users.user_id, users.vectors, manifest)
 
 
@@ -183,13 +210,17 @@ def model_version_of(users: UserVectors, flag: str = "--representations") -> str
     """The one model_version of ``users``; :class:`ConfigError` when they mix versions."""
     versions = sorted(set(users.model_version.tolist()))
     if len(versions) > 1:
-        raise ConfigError(flag, f"user representations of {len(versions)} model versions {versions[:3]}",
-                          "index one precompute output (one model_version) at a time")
+        raise ConfigError(
+            flag,
+            f"user representations of {len(versions)} model versions {versions[:3]}",
+            "index one precompute output (one model_version) at a time",
+        )
     return versions[0] if versions else ""
 
 
-def build_index(users: UserVectors, spec: BuildSpec | None = None, *, model_version: str | None = None,
-                source: str = "") -> BuiltIndex:
+def build_index(
+    users: UserVectors, spec: BuildSpec | None = None, *, model_version: str | None = None, source: str = ""
+) -> BuiltIndex:
     """Build in this process: newest row per user, train on a seeded sample, add shard by shard."""
     spec = spec or BuildSpec()
     started = time.perf_counter()

@@ -91,8 +91,9 @@ class _World:
     user_vectors: UserVectors
 
 
-def holdout_pairs(examples: pa.Table, *, holdout_days: float, max_pairs: int, ads_only: bool, seed: int
-                  ) -> tuple[pa.Table, int]:
+def holdout_pairs(
+    examples: pa.Table, *, holdout_days: float, max_pairs: int, ads_only: bool, seed: int
+) -> tuple[pa.Table, int]:
     """First impression per (user, item) of the holdout days; all positives kept, negatives sampled."""
     split = split_by_time(examples, holdout_days)
     rows = split.holdout.filter(pc.field("is_ad")) if ads_only else split.holdout
@@ -116,22 +117,35 @@ def _queries(rows: pa.Table) -> PairQueries:
 
 
 def _prepare(config: EvalConfig, model: GemModel, index: HistoryIndex, examples: pa.Table) -> _World:
-    rows, cutoff_ms = holdout_pairs(examples, holdout_days=config.holdout_days, max_pairs=config.max_pairs,
-                                    ads_only=config.ads_only, seed=config.seed)
+    rows, cutoff_ms = holdout_pairs(
+        examples,
+        holdout_days=config.holdout_days,
+        max_pairs=config.max_pairs,
+        ads_only=config.ads_only,
+        seed=config.seed,
+    )
     q = _queries(rows)
     times = np.asarray(rows.column("event_time").cast(pa.int64()).to_numpy(), np.int64)
     exact = pair_reps(model, index, q, times)
     stale = pair_reps(model, index, q, times - int(config.stale_after_s * 1000))
     users, vectors = user_reps_at(model, index, cutoff_ms)
-    user_vectors = UserVectors(users, vectors.astype(np.float16).astype(np.float32),
-                               np.full(len(users), cutoff_ms, np.int64),
-                               np.full(len(users), model.model_version, dtype=object))
+    user_vectors = UserVectors(
+        users,
+        vectors.astype(np.float16).astype(np.float32),
+        np.full(len(users), cutoff_ms, np.int64),
+        np.full(len(users), model.model_version, dtype=object),
+    )
     built = build_index(user_vectors, BuildSpec(factory=config.factory, gpu="off", seed=config.seed))
     write_built(built, Path(config.output) / "index")
     hidden = np.random.default_rng(config.seed + 1).random(len(q)) < config.hide
     clicked = np.asarray(rows.column("clicked").to_numpy(zero_copy_only=False), np.float64)
-    log.info("evaluation: %d holdout pairs (%d clicked), %d hidden, %d users indexed", len(q), int(clicked.sum()),
-             int(hidden.sum()), len(users))
+    log.info(
+        "evaluation: %d holdout pairs (%d clicked), %d hidden, %d users indexed",
+        len(q),
+        int(clicked.sum()),
+        int(hidden.sum()),
+        len(users),
+    )
     return _World(q, times, clicked, exact, stale, hidden, UserIndex.from_built(built), user_vectors)
 
 
@@ -141,8 +155,9 @@ def _neighbor_pairs(world: _World, model: GemModel, index: HistoryIndex, k: int)
     found = world.index.neighbors(world.q.user_id[h], k).user_ids  # (H, k)
     rep, col = np.nonzero(found >= 0)
     src = h[rep]
-    nq = PairQueries(found[rep, col], world.q.ad_id[src], world.q.advertiser_id[src], world.q.category[src],
-                     world.q.surface[src])
+    nq = PairQueries(
+        found[rep, col], world.q.ad_id[src], world.q.advertiser_id[src], world.q.category[src], world.q.surface[src]
+    )
     taken = set(zip(world.q.user_id.tolist(), world.q.ad_id.tolist(), strict=True))
     keep, seen = [], set()
     for i, key in enumerate(zip(nq.user_id.tolist(), nq.ad_id.tolist(), strict=True)):
@@ -154,8 +169,9 @@ def _neighbor_pairs(world: _World, model: GemModel, index: HistoryIndex, k: int)
     return nq, pair_reps(model, index, nq, world.times[src][rows])
 
 
-def random_users_control(world: _World, model: GemModel, index: HistoryIndex, k: int, prior: np.ndarray,
-                         seed: int) -> dict[str, Any]:
+def random_users_control(
+    world: _World, model: GemModel, index: HistoryIndex, k: int, prior: np.ndarray, seed: int
+) -> dict[str, Any]:
     """What the similar-users path would keep with k *random* other users in place of the nearest
     ones (their fresh pair representations of the same ad, averaged): the share of the gain
     that comes from the ad alone, which any blend of other users' pair representations carries."""
@@ -165,8 +181,9 @@ def random_users_control(world: _World, model: GemModel, index: HistoryIndex, k:
     picks = users[rng.integers(0, len(users), size=(len(h), k))] if len(users) and len(h) else np.zeros((0, k), int)
     rep, col = np.nonzero(picks != world.q.user_id[h][:, None])
     src = h[rep]
-    rq = PairQueries(picks[rep, col], world.q.ad_id[src], world.q.advertiser_id[src], world.q.category[src],
-                     world.q.surface[src])
+    rq = PairQueries(
+        picks[rep, col], world.q.ad_id[src], world.q.advertiser_id[src], world.q.category[src], world.q.surface[src]
+    )
     reps = pair_reps(model, index, rq, world.times[src])
     total = np.zeros((len(h), reps.pair.shape[1]), np.float32)
     np.add.at(total, rep, reps.pair)
@@ -174,10 +191,18 @@ def random_users_control(world: _World, model: GemModel, index: HistoryIndex, k:
     blend = np.where(count > 0, total / np.maximum(count, 1), prior[None, :]).astype(np.float32)
     true, surface = world.exact.pair[h], world.q.surface[h]
     none = np.broadcast_to(prior, true.shape)
-    return {"k": k, "count": len(h), "cosine_mean": float(np.nanmean(cosine_rows(blend, true))),
-            "head_pair": gain_table(world.clicked[h], click_logits(model, true, surface),
-                                    click_logits(model, blend, surface), click_logits(model, none, surface),
-                                    seed=seed)}
+    return {
+        "k": k,
+        "count": len(h),
+        "cosine_mean": float(np.nanmean(cosine_rows(blend, true))),
+        "head_pair": gain_table(
+            world.clicked[h],
+            click_logits(model, true, surface),
+            click_logits(model, blend, surface),
+            click_logits(model, none, surface),
+            seed=seed,
+        ),
+    }
 
 
 def _fill(store_uri: str, world: _World, nq: PairQueries, nreps: PairReps, version: str, now_s: float) -> None:
@@ -186,10 +211,20 @@ def _fill(store_uri: str, world: _World, nq: PairQueries, nreps: PairReps, versi
         writer = StoreWriter(store, version, now_s)
         writer.users(world.user_vectors.user_id, world.user_vectors.vectors, USER_LEVEL_AGE_S)
         shown = ~world.hidden
-        writer.pairs(world.q.user_id[shown], world.q.ad_id[shown], world.exact.pair[shown],
-                     world.exact.click_logit[shown], FRESH_AGE_S)
-        writer.pairs(world.q.user_id[world.hidden], world.q.ad_id[world.hidden], world.stale.pair[world.hidden],
-                     world.stale.click_logit[world.hidden], DAY_S)
+        writer.pairs(
+            world.q.user_id[shown],
+            world.q.ad_id[shown],
+            world.exact.pair[shown],
+            world.exact.click_logit[shown],
+            FRESH_AGE_S,
+        )
+        writer.pairs(
+            world.q.user_id[world.hidden],
+            world.q.ad_id[world.hidden],
+            world.stale.pair[world.hidden],
+            world.stale.click_logit[world.hidden],
+            DAY_S,
+        )
         writer.pairs(nq.user_id, nq.ad_id, nreps.pair, nreps.click_logit, FRESH_AGE_S)
 
 
@@ -212,8 +247,9 @@ def _stored_user_reps(world: _World, users: np.ndarray) -> np.ndarray:
     return np.where(pos[:, None] >= 0, world.index.vectors[pos], 0.0).astype(np.float32)
 
 
-def _quality(world: _World, model: GemModel, paths: np.ndarray, emb: np.ndarray, code: int, prior: np.ndarray,
-             seed: int) -> dict[str, Any]:
+def _quality(
+    world: _World, model: GemModel, paths: np.ndarray, emb: np.ndarray, code: int, prior: np.ndarray, seed: int
+) -> dict[str, Any]:
     """Cosine and AUC gain of the pairs answered by ``code``. Head ``pair``: the model's click head
     (which reads the pair representation and the surface alone) fed the exact pair representation,
     the fallback and none (the mean pair representation). The same-user path answers with a
@@ -231,22 +267,23 @@ def _quality(world: _World, model: GemModel, paths: np.ndarray, emb: np.ndarray,
     exact_scores, none_scores = click_logits(model, true, surface), click_logits(model, none, surface)
     if code == FallbackPath.SAME_USER:
         stored = _stored_user_reps(world, world.q.user_id[rows])
-        out["head_user"] = gain_table(labels, exact_scores, user_ad_scores(model, stored, world.q.category[rows]),
-                                      none_scores, seed=seed)
+        out["head_user"] = gain_table(
+            labels, exact_scores, user_ad_scores(model, stored, world.q.category[rows]), none_scores, seed=seed
+        )
         return out
     cos = cosine_rows(emb[sel], true)
     out["cosine_mean"], out["cosine_median"] = float(np.nanmean(cos)), float(np.nanmedian(cos))
     out["cosine_none_mean"] = float(np.nanmean(cosine_rows(none, true)))
     fallback = emb[sel] if code != FallbackPath.NONE else none
-    out["head_pair"] = gain_table(labels, exact_scores, click_logits(model, fallback, surface), none_scores,
-                                  seed=seed)
+    out["head_pair"] = gain_table(labels, exact_scores, click_logits(model, fallback, surface), none_scores, seed=seed)
     return out
 
 
 def neighbor_quality(index: UserIndex, truth_users: pa.Table, k: int, seed: int = 0) -> dict[str, float]:
     """Share of each indexed user's k neighbours in its ground-truth segment, vs k random other users."""
-    seg_of = dict(zip(truth_users.column("user_id").to_pylist(), truth_users.column("segment").to_pylist(),
-                      strict=True))
+    seg_of = dict(
+        zip(truth_users.column("user_id").to_pylist(), truth_users.column("segment").to_pylist(), strict=True)
+    )
     users = index.user_ids
     own = np.array([seg_of.get(u, -1) for u in users.tolist()], np.int64)
     found = index.neighbors(users, k).user_ids
@@ -255,12 +292,17 @@ def neighbor_quality(index: UserIndex, truth_users: pa.Table, k: int, seed: int 
     random_users = users[rng.integers(0, len(users), size=found.shape)] if len(users) else found
     rseg = np.vectorize(lambda u: seg_of.get(u, -1), otypes=[np.int64])(random_users) if found.size else found
     rseg = np.where(random_users == users[:, None], -1, rseg)
-    return {"k": k, "users": len(users), "same_segment_share": same_segment_share(seg, own),
-            "random_same_segment_share": same_segment_share(rseg, own)}
+    return {
+        "k": k,
+        "users": len(users),
+        "same_segment_share": same_segment_share(seg, own),
+        "random_same_segment_share": same_segment_share(rseg, own),
+    }
 
 
-def replay_mix(candidates: pa.Table, index: UserIndex, users: UserVectors, store_uri: str, *, k: int,
-               measure_from_ms: int) -> dict[str, Any]:
+def replay_mix(
+    candidates: pa.Table, index: UserIndex, users: UserVectors, store_uri: str, *, k: int, measure_from_ms: int
+) -> dict[str, Any]:
     """Path mix of the candidate stream after ``measure_from_ms`` (see :mod:`replay`), two policies:
     the default one and pairs only (no user-level answer: what a consumer of pair representations gets)."""
     clock = ManualClock(measure_from_ms / 1000.0)
@@ -268,15 +310,30 @@ def replay_mix(candidates: pa.Table, index: UserIndex, users: UserVectors, store
         store.clear()
         writer = StoreWriter(store, index.model_version, clock.now_s)
         writer.users(users.user_id, users.vectors, 0.0)
-        resolvers = {name: Resolver(store, index, ResolverConfig(max_age_s=3600.0, k=k, paths=paths), clock=clock)
-                     for name, paths in (("policy", FALLBACKS), ("pairs_only", ("same_user_pair", "similar_users")))}
+        resolvers = {
+            name: Resolver(store, index, ResolverConfig(max_age_s=3600.0, k=k, paths=paths), clock=clock)
+            for name, paths in (("policy", FALLBACKS), ("pairs_only", ("same_user_pair", "similar_users")))
+        }
         zeros = np.zeros((1, index.dim), np.float32)
-        results = replay_requests(candidates, resolvers, writer, clock,
-                                  lambda user, ads: np.repeat(zeros, len(ads), axis=0), measure_from_ms=measure_from_ms)
-    return {name: {"requests": r.requests, "candidates": r.candidates, "mix": r.mix, "shares": r.shares(),
-                   "latency_ms_p50": float(np.percentile(r.latency_ms, 50)) if r.latency_ms else None,
-                   "latency_ms_p99": float(np.percentile(r.latency_ms, 99)) if r.latency_ms else None}
-            for name, r in results.items()}
+        results = replay_requests(
+            candidates,
+            resolvers,
+            writer,
+            clock,
+            lambda user, ads: np.repeat(zeros, len(ads), axis=0),
+            measure_from_ms=measure_from_ms,
+        )
+    return {
+        name: {
+            "requests": r.requests,
+            "candidates": r.candidates,
+            "mix": r.mix,
+            "shares": r.shares(),
+            "latency_ms_p50": float(np.percentile(r.latency_ms, 50)) if r.latency_ms else None,
+            "latency_ms_p99": float(np.percentile(r.latency_ms, 99)) if r.latency_ms else None,
+        }
+        for name, r in results.items()
+    }
 
 
 def category_profiles(index: HistoryIndex, as_of_ms: int) -> UserVectors:
@@ -290,8 +347,9 @@ def category_profiles(index: HistoryIndex, as_of_ms: int) -> UserVectors:
     norm = np.linalg.norm(counts, axis=1)
     has = norm > 0
     n = int(has.sum())
-    return UserVectors(index.user_ids[has], counts[has] / norm[has, None], np.zeros(n, np.int64),
-                       np.full(n, "", dtype=object))
+    return UserVectors(
+        index.user_ids[has], counts[has] / norm[has, None], np.zeros(n, np.int64), np.full(n, "", dtype=object)
+    )
 
 
 def evaluate_fallback(config: EvalConfig, *, model: GemModel | None = None) -> dict[str, Any]:
@@ -308,14 +366,20 @@ def evaluate_fallback(config: EvalConfig, *, model: GemModel | None = None) -> d
     store_uri = f"lmdb://{(out / 'store').resolve()}"
     _fill(store_uri, world, nq, nreps, model.model_version, now_s)
     prior = world.exact.pair[~world.hidden].mean(axis=0) if (~world.hidden).any() else world.exact.pair.mean(axis=0)
-    report: dict[str, Any] = {"pairs": len(world.q), "hidden": int(world.hidden.sum()),
-                              "clicked": int(world.clicked.sum()), "neighbor_pairs_written": len(nq),
-                              "model_version": model.model_version, "config": config.__dict__}
+    report: dict[str, Any] = {
+        "pairs": len(world.q),
+        "hidden": int(world.hidden.sum()),
+        "clicked": int(world.clicked.sum()),
+        "neighbor_pairs_written": len(nq),
+        "model_version": model.model_version,
+        "config": config.__dict__,
+    }
     variants = {"policy": FALLBACKS, **{name: (name,) for name in FALLBACKS}}
     with open_store(store_uri) as store:
         for name, paths in variants.items():
-            resolver = Resolver(store, world.index, ResolverConfig(max_age_s=3600.0, k=config.k, paths=paths),
-                                clock=ManualClock(now_s))
+            resolver = Resolver(
+                store, world.index, ResolverConfig(max_age_s=3600.0, k=config.k, paths=paths), clock=ManualClock(now_s)
+            )
             chosen, emb = _resolve_hidden(resolver, world)
             codes = [FallbackPath[p.upper()] for p in paths] if name != "policy" else list(FallbackPath)[1:4]
             report[name] = {PATHS[c]: _quality(world, model, chosen, emb, c, prior, config.seed) for c in codes}
@@ -326,12 +390,18 @@ def evaluate_fallback(config: EvalConfig, *, model: GemModel | None = None) -> d
         report["neighbors"] = neighbor_quality(world.index, truth, config.k, config.seed)
         cutoff = int(world.user_vectors.computed_at_ms[0]) if len(world.user_vectors) else 0
         profiles = build_index(category_profiles(index, cutoff), BuildSpec(factory="Flat", gpu="off"), model_version="")
-        report["neighbors_category_profile"] = neighbor_quality(UserIndex.from_built(profiles), truth, config.k,
-                                                                config.seed)
+        report["neighbors_category_profile"] = neighbor_quality(
+            UserIndex.from_built(profiles), truth, config.k, config.seed
+        )
     if config.candidates:
         cutoff = int(world.user_vectors.computed_at_ms[0]) if len(world.user_vectors) else 0
-        report["stream"] = replay_mix(pq.read_table(config.candidates), world.index, world.user_vectors,
-                                      f"lmdb://{(out / 'replay-store').resolve()}", k=config.k,
-                                      measure_from_ms=cutoff)
+        report["stream"] = replay_mix(
+            pq.read_table(config.candidates),
+            world.index,
+            world.user_vectors,
+            f"lmdb://{(out / 'replay-store').resolve()}",
+            k=config.k,
+            measure_from_ms=cutoff,
+        )
     report["seconds"] = round(time.perf_counter() - started, 1)
     return report

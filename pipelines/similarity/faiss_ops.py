@@ -18,9 +18,10 @@ from typing import Any, Literal
 import numpy as np
 
 from pipelines.errors import ConfigError
+from pipelines.optional import require
 
 logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # which SIMD build loaded: noise per process
-import faiss as _faiss  # noqa: E402
+_faiss = require("faiss", ("cpu", "gpu"), "Similarity indexes (FAISS)")
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +70,11 @@ def new_index(factory: str, dim: int, metric: Metric) -> Any:
     try:
         return faiss.index_factory(dim, factory, METRICS[metric])
     except RuntimeError as exc:
-        raise ConfigError("--factory", f"faiss cannot build {factory!r} for dim {dim}",
-                          "pass a faiss factory string such as Flat, HNSW32, IVF1024,Flat or IVF1024,PQ16") from exc
+        raise ConfigError(
+            "--factory",
+            f"faiss cannot build {factory!r} for dim {dim}",
+            "pass a faiss factory string such as Flat, HNSW32, IVF1024,Flat or IVF1024,PQ16",
+        ) from exc
 
 
 def nlist_of(index: Any) -> int | None:
@@ -110,8 +114,11 @@ def check_trainable(index: Any, factory: str, n_train: int) -> None:
     nlist = nlist_of(index)
     need = nlist if nlist is not None else 256
     if n_train < need:
-        raise ConfigError("--factory", f"{factory!r} needs at least {need} training vectors, "
-                          f"the input has {n_train}", "pass a smaller index (e.g. Flat or fewer IVF lists)")
+        raise ConfigError(
+            "--factory",
+            f"{factory!r} needs at least {need} training vectors, the input has {n_train}",
+            "pass a smaller index (e.g. Flat or fewer IVF lists)",
+        )
 
 
 def gpu_count(mode: GpuMode) -> int:
@@ -145,16 +152,17 @@ def train(index: Any, sample: np.ndarray, gpu: GpuMode = "off") -> Any:
     return to_cpu(work, on_gpu)
 
 
-def add_in_batches(index: Any, vectors: np.ndarray, ids: np.ndarray | None = None, gpu: GpuMode = "off",
-                   batch: int = ADD_BATCH) -> Any:
+def add_in_batches(
+    index: Any, vectors: np.ndarray, ids: np.ndarray | None = None, gpu: GpuMode = "off", batch: int = ADD_BATCH
+) -> Any:
     """Add ``vectors`` (with explicit ``ids`` when given) ``batch`` rows at a time; returns the CPU index."""
     work, on_gpu = to_gpu(index, gpu)
     for start in range(0, len(vectors), batch):
-        chunk = np.ascontiguousarray(vectors[start:start + batch])
+        chunk = np.ascontiguousarray(vectors[start : start + batch])
         if ids is None:
             work.add(chunk)
         else:
-            work.add_with_ids(chunk, np.ascontiguousarray(ids[start:start + batch], dtype=np.int64))
+            work.add_with_ids(chunk, np.ascontiguousarray(ids[start : start + batch], dtype=np.int64))
     return to_cpu(work, on_gpu)
 
 
@@ -202,8 +210,11 @@ def set_search_params(index: Any, params: str) -> None:
     try:
         space.set_index_parameters(index, params)
     except RuntimeError as exc:
-        raise ConfigError("--search-params", f"{params!r} does not apply to {type(index).__name__}",
-                          "use nprobe=N for IVF indexes, efSearch=N for HNSW, or nothing") from exc
+        raise ConfigError(
+            "--search-params",
+            f"{params!r} does not apply to {type(index).__name__}",
+            "use nprobe=N for IVF indexes, efSearch=N for HNSW, or nothing",
+        ) from exc
 
 
 def exact_search(vectors: np.ndarray, queries: np.ndarray, k: int, metric: Metric) -> tuple[np.ndarray, np.ndarray]:
@@ -218,8 +229,9 @@ def recall_at_k(found: np.ndarray, truth: np.ndarray) -> float:
     """Mean |found ∩ truth| / k over queries (``found``, ``truth``: (Q, k) positions, -1 = none)."""
     if truth.size == 0:
         return float("nan")
-    hits = sum(len(np.intersect1d(f[f >= 0], t[t >= 0], assume_unique=False)) for f, t in zip(found, truth,
-                                                                                              strict=True))
+    hits = sum(
+        len(np.intersect1d(f[f >= 0], t[t >= 0], assume_unique=False)) for f, t in zip(found, truth, strict=True)
+    )
     return hits / truth.size
 
 
@@ -240,8 +252,9 @@ def without_self(positions: np.ndarray, own: np.ndarray, k: int) -> np.ndarray:
     return np.where(np.take_along_axis(keep, order, axis=1), np.take_along_axis(positions, order, axis=1), -1)
 
 
-def tune_search(index: Any, queries: np.ndarray, truth: np.ndarray, target: float,
-                own: np.ndarray | None = None) -> tuple[str, float]:
+def tune_search(
+    index: Any, queries: np.ndarray, truth: np.ndarray, target: float, own: np.ndarray | None = None
+) -> tuple[str, float]:
     """The cheapest search parameter reaching ``target`` recall@k on ``queries`` against ``truth``
     (Q, k) exact positions, and the recall it gets; ``("", recall)`` for indexes with no knob.
     With ``own (Q,)`` the queries are indexed vectors whose own position is left out of the answers

@@ -29,8 +29,15 @@ def gain_kept(auc_fallback: float, auc_exact: float, auc_none: float) -> float:
     return float((auc_fallback - auc_none) / gain) if gain > 1e-9 else float("nan")
 
 
-def gain_table(labels: np.ndarray, exact: np.ndarray, fallback: np.ndarray, none: np.ndarray, *,
-               bootstrap: int = 200, seed: int = 0) -> dict[str, float]:
+def gain_table(
+    labels: np.ndarray,
+    exact: np.ndarray,
+    fallback: np.ndarray,
+    none: np.ndarray,
+    *,
+    bootstrap: int = 200,
+    seed: int = 0,
+) -> dict[str, float]:
     """AUCs of three score vectors ``(N,)`` on ``labels``, the share of gain kept and its 90% interval."""
     aucs = {name: auc(labels, s) for name, s in (("exact", exact), ("fallback", fallback), ("none", none))}
     out = {f"auc_{k}": v for k, v in aucs.items()}
@@ -39,8 +46,9 @@ def gain_table(labels: np.ndarray, exact: np.ndarray, fallback: np.ndarray, none
     draws = []
     for _ in range(bootstrap if len(labels) else 0):
         rows = rng.integers(0, len(labels), len(labels))
-        draws.append(gain_kept(auc(labels[rows], fallback[rows]), auc(labels[rows], exact[rows]),
-                               auc(labels[rows], none[rows])))
+        draws.append(
+            gain_kept(auc(labels[rows], fallback[rows]), auc(labels[rows], exact[rows]), auc(labels[rows], none[rows]))
+        )
     finite = np.asarray([d for d in draws if np.isfinite(d)])
     out["gain_kept_p05"] = float(np.quantile(finite, 0.05)) if len(finite) else float("nan")
     out["gain_kept_p95"] = float(np.quantile(finite, 0.95)) if len(finite) else float("nan")

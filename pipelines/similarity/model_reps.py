@@ -39,8 +39,9 @@ class PairQueries:
         return len(self.user_id)
 
     def take(self, rows: np.ndarray) -> PairQueries:
-        return PairQueries(self.user_id[rows], self.ad_id[rows], self.advertiser_id[rows], self.category[rows],
-                           self.surface[rows])
+        return PairQueries(
+            self.user_id[rows], self.ad_id[rows], self.advertiser_id[rows], self.category[rows], self.surface[rows]
+        )
 
 
 @dataclass(frozen=True)
@@ -55,23 +56,37 @@ class PairReps:
 
 def _batch(index: HistoryIndex, q: PairQueries, as_of_ms: np.ndarray, max_len: int, user_level: bool) -> GemBatch:
     """One single-ad candidate request per pair, cut by the precompute stage's own batch builder."""
-    catalog = pa.table({"item_id": pa.array(q.ad_id, pa.int64()),
-                        "advertiser_id": pa.array(q.advertiser_id, pa.int64(), mask=q.advertiser_id < 0),
-                        "item_category": pa.array(q.category, pa.int32(), mask=q.category < 0)})
+    catalog = pa.table(
+        {
+            "item_id": pa.array(q.ad_id, pa.int64()),
+            "advertiser_id": pa.array(q.advertiser_id, pa.int64(), mask=q.advertiser_id < 0),
+            "item_category": pa.array(q.category, pa.int32(), mask=q.category < 0),
+        }
+    )
     surface = np.full(len(q), -1, np.int64) if user_level else q.surface
-    requests = pa.table({
-        "user_id": pa.array(q.user_id, pa.int64()),
-        "surface": pa.array(surface, pa.int8(), mask=surface < 0),
-        "request_time": pa.array(np.asarray(as_of_ms, np.int64)).cast(pa.timestamp("ms", tz="UTC")),
-        "ad_ids": pa.ListArray.from_arrays(pa.array(np.arange(len(q) + 1, dtype=np.int32)),
-                                           pa.array(np.maximum(q.ad_id, 0), pa.int64())),
-    })
+    requests = pa.table(
+        {
+            "user_id": pa.array(q.user_id, pa.int64()),
+            "surface": pa.array(surface, pa.int8(), mask=surface < 0),
+            "request_time": pa.array(np.asarray(as_of_ms, np.int64)).cast(pa.timestamp("ms", tz="UTC")),
+            "ad_ids": pa.ListArray.from_arrays(
+                pa.array(np.arange(len(q) + 1, dtype=np.int32)), pa.array(np.maximum(q.ad_id, 0), pa.int64())
+            ),
+        }
+    )
     return build_candidate_batch(index, requests, max_len=max_len, catalog=None if user_level else catalog)
 
 
 @torch.inference_mode()
-def pair_reps(model: GemModel, index: HistoryIndex, q: PairQueries, as_of_ms: np.ndarray,
-              *, user_level: bool = False, chunk: int = CHUNK) -> PairReps:
+def pair_reps(
+    model: GemModel,
+    index: HistoryIndex,
+    q: PairQueries,
+    as_of_ms: np.ndarray,
+    *,
+    user_level: bool = False,
+    chunk: int = CHUNK,
+) -> PairReps:
     """Representations of ``q`` computed at ``as_of_ms (N,)`` (history strictly before it)."""
     device = next(model.parameters()).device
     parts: list[tuple[np.ndarray, ...]] = []
@@ -81,8 +96,9 @@ def pair_reps(model: GemModel, index: HistoryIndex, q: PairQueries, as_of_ms: np
         batch = _batch(index, q.take(rows), as_of[rows], model.config.max_len, user_level).to(device)
         out = model(batch)
         ad = model.ad_embedding(model.embed.target(batch))
-        parts.append(tuple(t.float().cpu().numpy() for t in (out.pair_embedding, out.user_embedding, ad,
-                                                             out.click_logit)))
+        parts.append(
+            tuple(t.float().cpu().numpy() for t in (out.pair_embedding, out.user_embedding, ad, out.click_logit))
+        )
     r = model.config.representation_dim
     if not parts:
         empty = np.zeros((0, r), np.float32)

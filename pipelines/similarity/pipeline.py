@@ -64,8 +64,11 @@ class IndexConfig:
 
     def __post_init__(self) -> None:
         if "://" in self.output:
-            raise ConfigError("--output", f"{self.output!r} is not a local folder",
-                              "write the index locally (faiss reads local files) and copy it afterwards")
+            raise ConfigError(
+                "--output",
+                f"{self.output!r} is not a local folder",
+                "write the index locally (faiss reads local files) and copy it afterwards",
+            )
 
 
 @dataclass(frozen=True)
@@ -95,28 +98,42 @@ def scan(representations: str) -> Scan:
     if len(dims) > 1:
         raise ConfigError(flag, f"files hold embeddings of several dims {sorted(dims)}", "index one model's output")
     if len(versions) > 1:
-        raise ConfigError(flag, f"user representations of {len(versions)} model versions {sorted(versions)[:3]}",
-                          "index one precompute output (one model_version) at a time")
+        raise ConfigError(
+            flag,
+            f"user representations of {len(versions)} model versions {sorted(versions)[:3]}",
+            "index one precompute output (one model_version) at a time",
+        )
     user_ids = np.unique(np.concatenate(ids)) if ids else np.zeros(0, np.int64)
     if len(user_ids) == 0:
-        log.warning("%s holds no user-level representations (ad_id null): the index will be empty; "
-                    "run precompute with --all-users to get one per user", representations)
+        log.warning(
+            "%s holds no user-level representations (ad_id null): the index will be empty; "
+            "run precompute with --all-users to get one per user",
+            representations,
+        )
     return Scan(files, user_ids, dims.pop(), versions.pop() if versions else "")
 
 
 def _table(users: UserVectors, positions: np.ndarray) -> pa.Table:
     flat = pa.array(users.vectors.reshape(-1), pa.float32())
-    return pa.table({"position": pa.array(positions, pa.int64()), "user_id": pa.array(users.user_id),
-                     "computed_at_ms": pa.array(users.computed_at_ms, pa.int64()),
-                     "model_version": pa.array(users.model_version.tolist(), pa.string()),
-                     "vector": pa.FixedSizeListArray.from_arrays(flat, users.dim)})
+    return pa.table(
+        {
+            "position": pa.array(positions, pa.int64()),
+            "user_id": pa.array(users.user_id),
+            "computed_at_ms": pa.array(users.computed_at_ms, pa.int64()),
+            "model_version": pa.array(users.model_version.tolist(), pa.string()),
+            "vector": pa.FixedSizeListArray.from_arrays(flat, users.dim),
+        }
+    )
 
 
 def _users(table: pa.Table, dim: int) -> tuple[UserVectors, np.ndarray]:
     vectors = np.asarray(table.column("vector").combine_chunks().flatten().to_numpy(), np.float32)
-    users = UserVectors(np.asarray(table.column("user_id").to_numpy(), np.int64), vectors.reshape(-1, dim),
-                        np.asarray(table.column("computed_at_ms").to_numpy(), np.int64),
-                        np.asarray(table.column("model_version").to_pylist(), dtype=object))
+    users = UserVectors(
+        np.asarray(table.column("user_id").to_numpy(), np.int64),
+        vectors.reshape(-1, dim),
+        np.asarray(table.column("computed_at_ms").to_numpy(), np.int64),
+        np.asarray(table.column("model_version").to_pylist(), dtype=object),
+    )
     return users, np.asarray(table.column("position").to_numpy(), np.int64)
 
 
@@ -161,14 +178,17 @@ class TrainQuantizer(beam.PTransform):
         def train(tables: list[pa.Table]) -> bytes:
             users, positions = _newest(tables, dim)
             if not np.array_equal(positions, self._build.sample_positions):
-                raise RuntimeError(f"training sample has {len(positions)} of {len(self._build.sample_positions)} "
-                                   "planned positions")
+                raise RuntimeError(
+                    f"training sample has {len(positions)} of {len(self._build.sample_positions)} planned positions"
+                )
             return train_empty(self._build, self._spec, users.vectors)
 
-        return (tables
-                | "Pick" >> beam.FlatMap(pick).with_output_types(pa.Table)
-                | "Gather" >> beam.combiners.ToList()
-                | "Train" >> beam.Map(train))
+        return (
+            tables
+            | "Pick" >> beam.FlatMap(pick).with_output_types(pa.Table)
+            | "Gather" >> beam.combiners.ToList()
+            | "Train" >> beam.Map(train)
+        )
 
 
 class AddShards(beam.PTransform):
@@ -191,16 +211,15 @@ class AddShards(beam.PTransform):
             index = build_shard(trained, users.vectors, lo, spec)
             return shard, ops.serialize(index), users.vectors.astype(np.float16)
 
-        return (tables
-                | "ByShard" >> beam.GroupByKey()
-                | "Add" >> beam.Map(add, trained=self._trained))
+        return tables | "ByShard" >> beam.GroupByKey() | "Add" >> beam.Map(add, trained=self._trained)
 
 
 class FinishIndex(beam.PTransform):
     """All shards -> merged (or sharded) index, tuned, written with id map, vectors and manifest."""
 
-    def __init__(self, build: BuildPlan, found: Scan, config: IndexConfig, trained: beam.pvalue.AsSingleton,
-                 started: float) -> None:
+    def __init__(
+        self, build: BuildPlan, found: Scan, config: IndexConfig, trained: beam.pvalue.AsSingleton, started: float
+    ) -> None:
         super().__init__()
         self._build, self._scan, self._config, self._started = build, found, config, started
         self._trained = trained
@@ -218,32 +237,38 @@ class FinishIndex(beam.PTransform):
                 indexes.append(ops.deserialize(data))
                 vectors.append(vec.astype(np.float32))
             all_vectors = np.concatenate(vectors) if vectors else np.zeros((0, build.dim), np.float32)
-            users = UserVectors(found.user_ids, all_vectors, np.zeros(len(found.user_ids), np.int64),
-                                np.full(len(found.user_ids), found.model_version, dtype=object))
+            users = UserVectors(
+                found.user_ids,
+                all_vectors,
+                np.zeros(len(found.user_ids), np.int64),
+                np.full(len(found.user_ids), found.model_version, dtype=object),
+            )
             built = finish(build, config.spec, indexes, users, found.model_version, config.representations, started)
             write_built(built, config.output)
             return asdict(built.manifest)
 
-        return (shards
-                | "Collect" >> beam.combiners.ToList()
-                | "Write" >> beam.Map(write, trained=self._trained))
+        return shards | "Collect" >> beam.combiners.ToList() | "Write" >> beam.Map(write, trained=self._trained)
 
 
-def build_pipeline(p: beam.Pipeline, config: IndexConfig, found: Scan, build: BuildPlan,
-                   started: float) -> beam.PCollection:
+def build_pipeline(
+    p: beam.Pipeline, config: IndexConfig, found: Scan, build: BuildPlan, started: float
+) -> beam.PCollection:
     """Add the index steps to ``p``; the output is the written manifest as a dict."""
     user_ids = beam.pvalue.AsSingleton(p | "UserIds" >> beam.Create([found.user_ids]))  # position = rank
-    tables = (p
-              | "Files" >> beam.Create(found.files)
-              | "ReadUserVectors" >> beam.FlatMap(_read_shards, user_ids=user_ids, bounds=build.bounds)
-              .with_output_types(tuple[int, pa.Table]))
+    tables = (
+        p
+        | "Files" >> beam.Create(found.files)
+        | "ReadUserVectors"
+        >> beam.FlatMap(_read_shards, user_ids=user_ids, bounds=build.bounds).with_output_types(tuple[int, pa.Table])
+    )
     trained = beam.pvalue.AsSingleton(tables | "TrainQuantizer" >> TrainQuantizer(build, config.spec))
     shards = tables | "AddShards" >> AddShards(build, config.spec, trained)
     return shards | "FinishIndex" >> FinishIndex(build, found, config, trained, started)
 
 
-def run_index(config: IndexConfig, options: PipelineOptions | None = None, runner: object | None = None
-              ) -> dict[str, Any]:
+def run_index(
+    config: IndexConfig, options: PipelineOptions | None = None, runner: object | None = None
+) -> dict[str, Any]:
     """Validate, run the pipeline, and return the manifest it wrote (as a dict)."""
     out = Path(config.output)
     if (out / MANIFEST_NAME).exists() and not config.overwrite:
@@ -254,8 +279,15 @@ def run_index(config: IndexConfig, options: PipelineOptions | None = None, runne
     for old in [*out.glob("*.faiss"), out / MANIFEST_NAME]:
         old.unlink(missing_ok=True)
     started = time.perf_counter()
-    log.info("indexing %d users x %d dims from %d files: %s, %d shard(s), training on %d", len(found.user_ids),
-             found.dim, len(found.files), build.factory, len(build.bounds), len(build.sample_positions))
+    log.info(
+        "indexing %d users x %d dims from %d files: %s, %d shard(s), training on %d",
+        len(found.user_ids),
+        found.dim,
+        len(found.files),
+        build.factory,
+        len(build.bounds),
+        len(build.sample_positions),
+    )
     with beam.Pipeline(runner=runner, options=options or PipelineOptions([])) as p:  # type: ignore[arg-type]
         build_pipeline(p, config, found, build, started)
     return asdict(read_manifest(out))

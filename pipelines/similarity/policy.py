@@ -62,11 +62,15 @@ class ResolverConfig:
         if not self.max_age_s > 0:
             raise ConfigError("--max-age", f"got {self.max_age_s}", "pass a positive duration such as 1h")
         if self.fallback_max_age_s < self.max_age_s:
-            raise ConfigError("--fallback-max-age", f"{self.fallback_max_age_s} s is below --max-age "
-                              f"{self.max_age_s} s", "pass a bound at least as long as --max-age")
+            raise ConfigError(
+                "--fallback-max-age",
+                f"{self.fallback_max_age_s} s is below --max-age {self.max_age_s} s",
+                "pass a bound at least as long as --max-age",
+            )
         if self.k < 1 or self.min_neighbors < 1 or self.min_neighbors > self.k:
-            raise ConfigError("--k", f"k={self.k}, min_neighbors={self.min_neighbors}",
-                              "pass k >= 1 and 1 <= --min-neighbors <= k")
+            raise ConfigError(
+                "--k", f"k={self.k}, min_neighbors={self.min_neighbors}", "pass k >= 1 and 1 <= --min-neighbors <= k"
+            )
         if self.neighbor_reads not in ("always", "auto"):
             raise ConfigError("--neighbor-reads", f"got {self.neighbor_reads!r}", "pass always or auto")
         unknown = sorted(set(self.paths) - set(FALLBACKS))
@@ -90,8 +94,9 @@ class NeighborBlend:
     p_click: np.ndarray
 
 
-def blend_neighbors(embedding: np.ndarray, usable: np.ndarray, similarity: np.ndarray, age_s: np.ndarray,
-                    p_click: np.ndarray) -> NeighborBlend:
+def blend_neighbors(
+    embedding: np.ndarray, usable: np.ndarray, similarity: np.ndarray, age_s: np.ndarray, p_click: np.ndarray
+) -> NeighborBlend:
     """Blend neighbours' pair representations per ad.
 
     ``embedding (K, A, D)``, ``usable (K, A)`` bool, ``similarity (K,)``, ``age_s (K, A)``,
@@ -108,12 +113,24 @@ def blend_neighbors(embedding: np.ndarray, usable: np.ndarray, similarity: np.nd
     mean_sim = np.where(total > 0, (weight * sim[:, None]).sum(axis=0) / safe, np.nan)
     ages = np.where(weight > 0, age_s, -np.inf).max(axis=0) if len(weight) else np.full(weight.shape[1], -np.inf)
     score = (weight * np.where(np.isnan(p_click), 0.0, p_click)).sum(axis=0) / safe
-    return NeighborBlend(emb.astype(np.float32), used.astype(np.int16), mean_sim.astype(np.float32),
-                         np.where(total > 0, ages, np.nan), np.where(total > 0, score, np.nan).astype(np.float32))
+    return NeighborBlend(
+        emb.astype(np.float32),
+        used.astype(np.int16),
+        mean_sim.astype(np.float32),
+        np.where(total > 0, ages, np.nan),
+        np.where(total > 0, score, np.nan).astype(np.float32),
+    )
 
 
-def pick_paths(config: ResolverConfig, *, pair_found: np.ndarray, pair_age: np.ndarray, user_found: bool,
-               user_age: float, neighbors_used: np.ndarray) -> np.ndarray:
+def pick_paths(
+    config: ResolverConfig,
+    *,
+    pair_found: np.ndarray,
+    pair_age: np.ndarray,
+    user_found: bool,
+    user_age: float,
+    neighbors_used: np.ndarray,
+) -> np.ndarray:
     """``(A,) int8`` path codes (:class:`FallbackPath`) from what the store returned (ages in seconds)."""
     n = len(pair_found)
     path = np.full(n, FallbackPath.NONE, dtype=np.int8)

@@ -53,9 +53,15 @@ def _requests(candidates: pa.Table) -> tuple[np.ndarray, np.ndarray, list[np.nda
     return users, times, np.split(flat, np.cumsum(counts)[:-1]) if len(counts) else []
 
 
-def replay_requests(candidates: pa.Table, resolvers: dict[str, Resolver], writer: StoreWriter, clock: ManualClock,
-                    pair_vectors: Callable[[int, np.ndarray], np.ndarray], *, measure_from_ms: int
-                    ) -> dict[str, ReplayResult]:
+def replay_requests(
+    candidates: pa.Table,
+    resolvers: dict[str, Resolver],
+    writer: StoreWriter,
+    clock: ManualClock,
+    pair_vectors: Callable[[int, np.ndarray], np.ndarray],
+    *,
+    measure_from_ms: int,
+) -> dict[str, ReplayResult]:
     """Replay ``candidates``; every resolver (e.g. different policies over the same store) answers each
     measured request before its pairs are written. ``pair_vectors(user, ads) -> (A, D)`` gives the
     vectors written for a request's pairs."""
@@ -75,6 +81,11 @@ def replay_requests(candidates: pa.Table, resolvers: dict[str, Resolver], writer
                 for path, count in got.counts().items():
                     result.mix[path] += count
         if len(request_ads):
-            writer.pairs(np.full(len(request_ads), user), request_ads, pair_vectors(user, request_ads),
-                         np.zeros(len(request_ads)), 0.0)
+            writer.pairs(
+                np.full(len(request_ads), user),
+                request_ads,
+                pair_vectors(user, request_ads),
+                np.zeros(len(request_ads)),
+                0.0,
+            )
     return results

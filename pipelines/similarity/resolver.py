@@ -93,26 +93,37 @@ class Resolution:
         def opt(x: float) -> float | None:
             return None if np.isnan(x) else float(x)
 
-        return [Answer(self.user_id, int(ad), PATHS[p], None if p == FallbackPath.NONE else self.embedding[j],
-                       opt(self.age_s[j]), opt(self.p_click[j]), int(self.neighbors_used[j]),
-                       opt(self.similarity[j]))
-                for j, (ad, p) in enumerate(zip(self.ad_ids.tolist(), self.path.tolist(), strict=True))]
+        return [
+            Answer(
+                self.user_id,
+                int(ad),
+                PATHS[p],
+                None if p == FallbackPath.NONE else self.embedding[j],
+                opt(self.age_s[j]),
+                opt(self.p_click[j]),
+                int(self.neighbors_used[j]),
+                opt(self.similarity[j]),
+            )
+            for j, (ad, p) in enumerate(zip(self.ad_ids.tolist(), self.path.tolist(), strict=True))
+        ]
 
     def to_arrow(self) -> pa.Table:
         """One row per ad: user_id, ad_id, path, age_s, p_click, neighbors_used, similarity, embedding."""
         dim = self.embedding.shape[1]
         none = self.path == FallbackPath.NONE
         flat = pa.array(np.nan_to_num(self.embedding).reshape(-1), pa.float32())
-        return pa.table({
-            "user_id": pa.array(np.full(len(self), self.user_id, np.int64)),
-            "ad_id": pa.array(self.ad_ids),
-            "path": pa.array([PATHS[p] for p in self.path.tolist()], pa.string()),
-            "age_s": pa.array(self.age_s, pa.float64(), mask=np.isnan(self.age_s)),
-            "p_click": pa.array(self.p_click, pa.float32(), mask=np.isnan(self.p_click)),
-            "neighbors_used": pa.array(self.neighbors_used.astype(np.int32)),
-            "similarity": pa.array(self.similarity, pa.float32(), mask=np.isnan(self.similarity)),
-            "embedding": pa.FixedSizeListArray.from_arrays(flat, dim, mask=pa.array(none)),
-        })
+        return pa.table(
+            {
+                "user_id": pa.array(np.full(len(self), self.user_id, np.int64)),
+                "ad_id": pa.array(self.ad_ids),
+                "path": pa.array([PATHS[p] for p in self.path.tolist()], pa.string()),
+                "age_s": pa.array(self.age_s, pa.float64(), mask=np.isnan(self.age_s)),
+                "p_click": pa.array(self.p_click, pa.float32(), mask=np.isnan(self.p_click)),
+                "neighbors_used": pa.array(self.neighbors_used.astype(np.int32)),
+                "similarity": pa.array(self.similarity, pa.float32(), mask=np.isnan(self.similarity)),
+                "embedding": pa.FixedSizeListArray.from_arrays(flat, dim, mask=pa.array(none)),
+            }
+        )
 
 
 @contextmanager
@@ -132,8 +143,9 @@ def _one_omp_thread() -> Iterator[None]:
 class Resolver:
     """Resolve (user, candidate ads) requests against a store and a user index; see the module docstring."""
 
-    def __init__(self, store: OnlineStore, index: UserIndex, config: ResolverConfig | None = None,
-                 clock: Clock | None = None) -> None:
+    def __init__(
+        self, store: OnlineStore, index: UserIndex, config: ResolverConfig | None = None, clock: Clock | None = None
+    ) -> None:
         self.store = store
         self.index = index
         self.config = config or ResolverConfig()
@@ -157,10 +169,12 @@ class Resolver:
         if wrong:
             raise VersionMismatchError(
                 f"the store holds {what} of model_version {wrong[:3]} but the index was built from "
-                f"{self.model_version!r}; rebuild the index from the same precompute output as the store")
+                f"{self.model_version!r}; rebuild the index from the same precompute output as the store"
+            )
         if result.found.any() and result.codes.shape[1] != self.index.dim:
-            raise DimensionMismatchError(f"the store's {what} have {result.codes.shape[1]} dims, the index "
-                                         f"expects {self.index.dim}")
+            raise DimensionMismatchError(
+                f"the store's {what} have {result.codes.shape[1]} dims, the index expects {self.index.dim}"
+            )
 
     def _rows(self, result: ReadResult, rows: np.ndarray) -> np.ndarray:
         """``(len(rows), D)`` float32 embeddings of found ``rows`` only (decoding all of a wide read is the
@@ -174,14 +188,16 @@ class Resolver:
     def _ages(self, result: ReadResult, now_s: float) -> np.ndarray:
         return np.where(result.found, now_s - result.computed_at_ms / 1000.0, np.nan)
 
-    def resolve(self, user_id: int, ad_ids: Sequence[int] | np.ndarray, *,
-                model_version: str | None = None) -> Resolution:
+    def resolve(
+        self, user_id: int, ad_ids: Sequence[int] | np.ndarray, *, model_version: str | None = None
+    ) -> Resolution:
         """Answer every ad of one request: one index search and one store round trip (with
         ``neighbor_reads="auto"``, a second, smaller one only when the user-level representation
         predicted usable was not)."""
         if model_version is not None and model_version != self.model_version:
-            raise VersionMismatchError(f"the request asks for model_version {model_version!r}, the index "
-                                       f"serves {self.model_version!r}")
+            raise VersionMismatchError(
+                f"the request asks for model_version {model_version!r}, the index serves {self.model_version!r}"
+            )
         ads = np.asarray(ad_ids, dtype=np.int64)
         if ads.ndim != 1:
             raise TypeError(f"ad_ids: expected a 1-D sequence of ints, got shape {ads.shape}")
@@ -194,29 +210,54 @@ class Resolver:
         now_s = self.clock()
         if prefetch:
             self._check(read.neighbor_pairs, "neighbours' pair records")
-            return self._decide(user, ads, neighbor_ids, similarity, read.pairs, read.user,
-                                (read.neighbor_pairs, np.arange(len(ads))), now_s)
-        cols = np.flatnonzero(self._paths(read.pairs, read.user, np.zeros(len(ads), np.int64), now_s)[0]
-                              == FallbackPath.NONE)
+            return self._decide(
+                user,
+                ads,
+                neighbor_ids,
+                similarity,
+                read.pairs,
+                read.user,
+                (read.neighbor_pairs, np.arange(len(ads))),
+                now_s,
+            )
+        cols = np.flatnonzero(
+            self._paths(read.pairs, read.user, np.zeros(len(ads), np.int64), now_s)[0] == FallbackPath.NONE
+        )
         if not len(cols) or not len(neighbor_ids):
-            return self._decide(user, ads, neighbor_ids, similarity, read.pairs, read.user,
-                                (read.neighbor_pairs, cols[:0]), now_s)
+            return self._decide(
+                user, ads, neighbor_ids, similarity, read.pairs, read.user, (read.neighbor_pairs, cols[:0]), now_s
+            )
         users, pair_ads, order = pair_grid(neighbor_ids, ads[cols])
         late = self.store.read_arrays(users, pair_ads, np.ones(len(users), dtype=bool), order=order)
         self._check(late, "neighbours' pair records")
         return self._decide(user, ads, neighbor_ids, similarity, read.pairs, read.user, (late, cols), now_s)
 
-    def _paths(self, pairs: ReadResult, user: ReadResult, neighbors_used: np.ndarray, now_s: float
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _paths(
+        self, pairs: ReadResult, user: ReadResult, neighbors_used: np.ndarray, now_s: float
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(path, pair_age, user_age)``: the policy's choice given how many neighbours each ad has."""
         pair_age, user_age = self._ages(pairs, now_s), self._ages(user, now_s)
-        path = pick_paths(self.config, pair_found=pairs.found, pair_age=pair_age, user_found=bool(user.found[0]),
-                          user_age=float(user_age[0]), neighbors_used=neighbors_used)
+        path = pick_paths(
+            self.config,
+            pair_found=pairs.found,
+            pair_age=pair_age,
+            user_found=bool(user.found[0]),
+            user_age=float(user_age[0]),
+            neighbors_used=neighbors_used,
+        )
         return path, pair_age, user_age
 
-    def _decide(self, user_id: int, ads: np.ndarray, neighbor_ids: np.ndarray, similarity: np.ndarray,
-                pairs: ReadResult, user: ReadResult, neighbors: tuple[ReadResult, np.ndarray], now_s: float
-                ) -> Resolution:
+    def _decide(
+        self,
+        user_id: int,
+        ads: np.ndarray,
+        neighbor_ids: np.ndarray,
+        similarity: np.ndarray,
+        pairs: ReadResult,
+        user: ReadResult,
+        neighbors: tuple[ReadResult, np.ndarray],
+        now_s: float,
+    ) -> Resolution:
         """Paths and answers; ``neighbors`` = (the neighbours' pair records, row n*C + c for neighbour n
         and ad ``ads[cols[c]]``, and ``cols``)."""
         neighbor_pairs, nb_cols = neighbors
@@ -246,5 +287,15 @@ class Resolver:
             at = nb_cols[cols]
             embedding[at], age[at], p_click[at] = blend.embedding, blend.age_s, blend.p_click
             neighbors_used[at], mean_similarity[at] = blend.used, blend.similarity
-        return Resolution(user_id, ads, path, embedding, age, p_click, neighbors_used, mean_similarity,
-                          neighbor_ids, self.model_version)
+        return Resolution(
+            user_id,
+            ads,
+            path,
+            embedding,
+            age,
+            p_click,
+            neighbors_used,
+            mean_similarity,
+            neighbor_ids,
+            self.model_version,
+        )

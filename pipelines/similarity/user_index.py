@@ -39,11 +39,21 @@ class Neighbors:
 class UserIndex:
     """A FAISS index of user representations with its id map and manifest."""
 
-    def __init__(self, index: Any, manifest: IndexManifest, user_ids: np.ndarray, vectors: np.ndarray,
-                 parts: list[Any] | None = None, on_gpu: bool = False) -> None:
+    def __init__(
+        self,
+        index: Any,
+        manifest: IndexManifest,
+        user_ids: np.ndarray,
+        vectors: np.ndarray,
+        parts: list[Any] | None = None,
+        on_gpu: bool = False,
+    ) -> None:
         if len(user_ids) != manifest.count or index.ntotal != manifest.count:
-            raise ConfigError("--index", f"manifest says {manifest.count} vectors, the id map has {len(user_ids)} "
-                              f"and the index {index.ntotal}", "rebuild the index folder")
+            raise ConfigError(
+                "--index",
+                f"manifest says {manifest.count} vectors, the id map has {len(user_ids)} and the index {index.ntotal}",
+                "rebuild the index folder",
+            )
         self.index = index
         self.manifest = manifest
         self.user_ids = np.asarray(user_ids, dtype=np.int64)

@@ -52,21 +52,24 @@ class UserVectors:
         return int(self.vectors.shape[1])
 
     def take(self, rows: np.ndarray) -> UserVectors:
-        return UserVectors(self.user_id[rows], self.vectors[rows], self.computed_at_ms[rows],
-                           self.model_version[rows])
+        return UserVectors(self.user_id[rows], self.vectors[rows], self.computed_at_ms[rows], self.model_version[rows])
 
     @classmethod
     def empty(cls, dim: int) -> UserVectors:
-        return cls(np.zeros(0, np.int64), np.zeros((0, dim), np.float32), np.zeros(0, np.int64),
-                   np.zeros(0, dtype=object))
+        return cls(
+            np.zeros(0, np.int64), np.zeros((0, dim), np.float32), np.zeros(0, np.int64), np.zeros(0, dtype=object)
+        )
 
     @classmethod
     def concat(cls, parts: list[UserVectors], dim: int) -> UserVectors:
         if not parts:
             return cls.empty(dim)
-        return cls(np.concatenate([p.user_id for p in parts]), np.concatenate([p.vectors for p in parts]),
-                   np.concatenate([p.computed_at_ms for p in parts]),
-                   np.concatenate([p.model_version for p in parts]))
+        return cls(
+            np.concatenate([p.user_id for p in parts]),
+            np.concatenate([p.vectors for p in parts]),
+            np.concatenate([p.computed_at_ms for p in parts]),
+            np.concatenate([p.model_version for p in parts]),
+        )
 
     def newest_per_user(self) -> UserVectors:
         """One row per user (the newest ``computed_at``; ties: the larger vector bytes), sorted by user."""
@@ -89,8 +92,9 @@ def representation_files(root: str | Path) -> list[str]:
     base = path / "representations" if (path / "representations").is_dir() else path
     files = sorted(str(p) for p in base.rglob("*.parquet"))
     if not files:
-        raise InputNotFoundError(f"{FLAG} {str(root)!r} holds no Parquet files; pass the --output "
-                                 "folder of `python -m pipelines precompute`")
+        raise InputNotFoundError(
+            f"{FLAG} {str(root)!r} holds no Parquet files; pass the --output folder of `python -m pipelines precompute`"
+        )
     return files
 
 

@@ -233,8 +233,13 @@ class OnlineStore(abc.ABC):
         n = len(users)  # rows: the user's pairs, the neighbours' pairs, the user-level key last
         has_ad = np.ones(n + 1, dtype=bool)
         has_ad[n] = False
-        result = self.read_arrays(np.append(users, user_id), np.append(ad_col, 0), has_ad,
-                                  order=np.concatenate([[n], order]), max_age_s=max_age_s)
+        result = self.read_arrays(
+            np.append(users, user_id),
+            np.append(ad_col, 0),
+            has_ad,
+            order=np.concatenate([[n], order]),
+            max_age_s=max_age_s,
+        )
         return RequestRead(
             user_id=user_id,
             ad_ids=ads,

@@ -42,8 +42,15 @@ class RepresentationArrays:
         n = len(self.user_id)
         if self.embedding.ndim != 2 or len(self.embedding) != n:
             raise ValueError(f"embedding must be (N={n}, D), got shape {self.embedding.shape}")
-        for name in ("ad_id", "has_ad", "p_click", "p_conversion", "model_version", "computed_at_ms",
-                     "history_watermark_ms"):
+        for name in (
+            "ad_id",
+            "has_ad",
+            "p_click",
+            "p_conversion",
+            "model_version",
+            "computed_at_ms",
+            "history_watermark_ms",
+        ):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"{name} has {len(getattr(self, name))} rows, expected {n}")
         if self.embedding_scale is not None and len(self.embedding_scale) != n:

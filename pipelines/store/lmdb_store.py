@@ -120,9 +120,7 @@ def _acquire(path: str, map_size_gb: float) -> lmdb.Environment:
         env, refs = _ENVS.get(path, (None, 0))
         if env is None:
             os.makedirs(path, exist_ok=True)
-            env = lmdb.open(
-                path, map_size=int(map_size_gb * 2**30), max_dbs=2, readahead=False, meminit=False
-            )
+            env = lmdb.open(path, map_size=int(map_size_gb * 2**30), max_dbs=2, readahead=False, meminit=False)
         _ENVS[path] = (env, refs + 1)
         return env
 

@@ -16,12 +16,16 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
-import redis
-
+from pipelines.optional import require_on_use
 from pipelines.store.base import Clock, OnlineStore, StoreFullError, StoreOptions, StoreUnavailableError
 from pipelines.store.codec import COMPUTED_AT_OFFSET
+
+if TYPE_CHECKING:
+    import redis
+else:  # imported with every store (lmdb too): a missing redis extra fails when a RedisStore is made
+    redis = require_on_use("redis", "redis", "The Redis store (redis:// URIs)")
 
 __all__ = ["DEFAULT_REDIS_URL", "RedisConfig", "RedisStore", "default_redis_url"]
 

@@ -99,8 +99,10 @@ class ReadResult:
     @cached_property
     def keys(self) -> tuple[Key, ...]:
         """The requested keys, ``(user_id, ad_id)``, ``ad_id`` None for user-level ones."""
-        return tuple((u, a if has else None) for u, a, has in
-                     zip(self.user_id.tolist(), self.ad_id.tolist(), self.has_ad.tolist(), strict=True))
+        return tuple(
+            (u, a if has else None)
+            for u, a, has in zip(self.user_id.tolist(), self.ad_id.tolist(), self.has_ad.tolist(), strict=True)
+        )
 
     @property
     def fresh(self) -> np.ndarray:

@@ -105,8 +105,9 @@ class CommitOffsetsFn(beam.DoFn):
     def setup(self) -> None:
         from kafka import KafkaConsumer
 
-        self._consumer = KafkaConsumer(**self._connection.kafka_python(), group_id=self._config.group,
-                                       enable_auto_commit=False)
+        self._consumer = KafkaConsumer(
+            **self._connection.kafka_python(), group_id=self._config.group, enable_auto_commit=False
+        )
 
     def process(self, element: tuple[int, np.ndarray], ledger: Any = LEDGER, end: Any = COMMIT_AT_END) -> None:
         partition, offsets = element
@@ -137,8 +138,9 @@ class CommitOffsetsFn(beam.DoFn):
             try:
                 self._consumer.commit({tp: OffsetAndMetadata(book.ledger.next, "", -1)})
             except KafkaError as exc:  # broker away: the next acknowledgement or tick tries again
-                log.warning("%s/%s: commit of %d failed (%r); retrying later", tp.topic, partition,
-                            book.ledger.next, exc)
+                log.warning(
+                    "%s/%s: commit of %d failed (%r); retrying later", tp.topic, partition, book.ledger.next, exc
+                )
                 return
             book.committed = book.ledger.next
 

@@ -42,11 +42,17 @@ class StreamConfig:
         if self.idle_exit_s is not None and self.idle_exit_s <= 0:
             raise ConfigError("--idle-exit", f"got {self.idle_exit_s}", "pass a positive number of seconds")
         if (self.model is None) != (self.store is None):
-            raise ConfigError("--model" if self.model is None else "--store", "representations need both a model "
-                              "and a store", "pass --model MODEL_DIR and --store URI together, or neither")
+            raise ConfigError(
+                "--model" if self.model is None else "--store",
+                "representations need both a model and a store",
+                "pass --model MODEL_DIR and --store URI together, or neither",
+            )
         if self.candidates and self.model is None:
-            raise ConfigError("--candidates", "candidate sets are only read to refresh pair representations",
-                              "pass --model and --store too, or drop --candidates")
+            raise ConfigError(
+                "--candidates",
+                "candidate sets are only read to refresh pair representations",
+                "pass --model and --store too, or drop --candidates",
+            )
         if self.candidate_ttl_s <= 0:
             raise ConfigError("--candidate-ttl", f"got {self.candidate_ttl_s}", "pass a positive number of seconds")
         if self.torch_threads < 1:

@@ -60,8 +60,9 @@ class ShardFlush:
     histories: pa.Table
 
 
-def flush_shards(output: str, buffered: Mapping[int, list[pa.Table]], *, num_shards: int, max_history: int,
-                 sink: Any = None) -> ShardFlush:
+def flush_shards(
+    output: str, buffered: Mapping[int, list[pa.Table]], *, num_shards: int, max_history: int, sink: Any = None
+) -> ShardFlush:
     """Merge each shard's buffered tables (EVENT + ``_partition``/``_offset``) into its histories.
 
     The shards are merged together (one :func:`merge_shard` over their states:

@@ -113,8 +113,9 @@ class _ReadPartitionFn(beam.DoFn):
         from pipelines.io.kafka.consume import KafkaPythonFetcher
 
         self._poller = PartitionPoller(self._connection)
-        self._group = KafkaConsumer(**self._connection.kafka_python(), group_id=self._config.group,
-                                    enable_auto_commit=False)
+        self._group = KafkaConsumer(
+            **self._connection.kafka_python(), group_id=self._config.group, enable_auto_commit=False
+        )
         self._refetch = KafkaPythonFetcher(self._connection, stall_s=30)
         self._idle_since: dict[int, float] = {}
         self._last_tick: dict[int, float] = {}
@@ -186,8 +187,14 @@ class _ReadPartitionFn(beam.DoFn):
         self._commits[p] = (committed, since, now)
         if now - since < self._config.redeliver_after_s:
             return
-        log.warning("%s/%s: offsets [%d, %d) unacknowledged for %.0f s: reading them again",
-                    element.topic, p, committed, position, now - since)
+        log.warning(
+            "%s/%s: offsets [%d, %d) unacknowledged for %.0f s: reading them again",
+            element.topic,
+            p,
+            committed,
+            position,
+            now - since,
+        )
         for batch in self._refetch.fetch(PartitionRange(element.topic, p, committed, position)):
             yield from self._emit(element, batch, int(batch.offsets[0]), int(batch.offsets[-1]) + 1)
         self._commits[p] = (committed, now, now)
@@ -242,8 +249,13 @@ class _AppendHistoriesFn(beam.DoFn):
             refresh = RefreshQueue(RefreshProcess(config)) if config.refresh else None
 
             def flush(shards: list[int]) -> list[tuple[int, np.ndarray]]:
-                done = flush_shards(output, {s: PENDING.take((output, s)) for s in shards},
-                                    num_shards=config.num_shards, max_history=config.max_history, sink=sink)
+                done = flush_shards(
+                    output,
+                    {s: PENDING.take((output, s)) for s in shards},
+                    num_shards=config.num_shards,
+                    max_history=config.max_history,
+                    sink=sink,
+                )
                 if refresh is None:
                     return done.acks
                 refresh.submit(done)  # acknowledged once its representations are written
@@ -274,14 +286,17 @@ class _AppendHistoriesFn(beam.DoFn):
             yield from self._refresh.wait()
 
 
-def build_stream(p: beam.Pipeline, connection: KafkaConnection, config: StreamConfig,
-                 starts: Sequence[PartitionStart]) -> None:
+def build_stream(
+    p: beam.Pipeline, connection: KafkaConnection, config: StreamConfig, starts: Sequence[PartitionStart]
+) -> None:
     """Add the streaming histories job to ``p`` (a streaming pipeline)."""
     read = (
         p
         | "Partitions" >> beam.Create(list(starts))
-        | "ReadPartition" >> beam.ParDo(_ReadPartitionFn(connection, config))
-        .with_output_types(tuple[int, pa.Table]).with_outputs(ACKS, DEAD, main="events")
+        | "ReadPartition"
+        >> beam.ParDo(_ReadPartitionFn(connection, config))
+        .with_output_types(tuple[int, pa.Table])
+        .with_outputs(ACKS, DEAD, main="events")
     )
     flushed = read["events"] | "AppendHistories" >> beam.ParDo(_AppendHistoriesFn(connection, config))
     written = read[DEAD] | "WriteDeadLetters" >> beam.ParDo(WriteDeadLettersFn(connection, config))

@@ -118,8 +118,7 @@ class RefreshProcess:
     def __init__(self, config: StreamConfig, *, nice: int = REFRESH_NICE) -> None:
         context = multiprocessing.get_context("spawn")  # no fork: the job runs gRPC threads
         self._pipe, child = context.Pipe()
-        self._process = context.Process(target=_serve, args=(child, config, nice), name="stream-refresh",
-                                        daemon=True)
+        self._process = context.Process(target=_serve, args=(child, config, nice), name="stream-refresh", daemon=True)
         self._process.start()
         child.close()
         self._answer("start")
@@ -134,8 +133,9 @@ class RefreshProcess:
             ok, detail = self._pipe.recv()
         except (EOFError, OSError) as exc:  # OSError: a broken pipe
             self._process.join(timeout=5)
-            raise RefreshError(f"the refresh process died during its {what} (exit code "
-                               f"{self._process.exitcode})") from exc
+            raise RefreshError(
+                f"the refresh process died during its {what} (exit code {self._process.exitcode})"
+            ) from exc
         if not ok:
             raise RefreshError(f"{what} failed in the refresh process:\n{detail}")
 
@@ -183,7 +183,11 @@ def open_refresh(config: StreamConfig) -> Callable[[pa.Table], None]:
         started = time.perf_counter()
         table = refresher.refresh(histories, computed_at_ms=int(time.time() * 1000))
         store.write_batch(table)
-        log.debug("refreshed %d representations of %d users in %.3f s", table.num_rows, histories.num_rows,
-                  time.perf_counter() - started)
+        log.debug(
+            "refreshed %d representations of %d users in %.3f s",
+            table.num_rows,
+            histories.num_rows,
+            time.perf_counter() - started,
+        )
 
     return refresh

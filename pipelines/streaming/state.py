@@ -133,7 +133,7 @@ def _shard_files(output: str, shard: int | None) -> list[Path]:
     chosen: list[Path] = []
     for group in by_shard.values():
         fulls = [i for i, f in enumerate(group) if f.name.startswith("full-")]
-        chosen += group[fulls[-1]:] if fulls else group
+        chosen += group[fulls[-1] :] if fulls else group
     return sorted(chosen, key=_stamp)
 
 
@@ -185,7 +185,7 @@ class ShardStates:
         known, state = self._seen.get((output, shard), ((), None))
         if state is None or files[: len(known)] != known:
             known, state = (), None
-        new = [read_table(str(f), HISTORY) for f in files[len(known):]]
+        new = [read_table(str(f), HISTORY) for f in files[len(known) :]]
         if new or state is None:
             state = newest_rows(new if state is None else [state, *new])
         self._seen[(output, shard)] = (files, state)

@@ -38,9 +38,13 @@ def _assert_same(payloads: list[bytes]) -> ParseResult:
 # below 2**900: parse_json_lines itself raises OverflowError on an integer `value`
 # beyond a float's range (parse.py's to fix), so such payloads are left out here.
 _ANY_SCALAR = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=8), st.lists(st.integers(0, 3), max_size=2), st.dictionaries(st.text(max_size=2), st.none(),
-                                                                                  max_size=1),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+    st.lists(st.integers(0, 3), max_size=2),
+    st.dictionaries(st.text(max_size=2), st.none(), max_size=1),
 )
 _FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "event_id": st.text(min_size=0, max_size=300).filter(lambda s: len(s) != 300) | st.just("e-1"),
@@ -51,9 +55,13 @@ _FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "item_category": st.integers(-5, 2**32) | st.sampled_from([2**31 - 1, 2**31]),
     "surface": st.sampled_from(SURFACES) | st.text(max_size=12),
     "event_type": st.sampled_from(EVENT_TYPES) | st.sampled_from(["CLICK", "Click", ""]),
-    "event_time": st.integers(-10, 253_402_300_799_999 + 10) | st.sampled_from(
-        [T0, "2026-01-01T00:00:00Z", "2026-01-01T00:00:00+02:00", "2026-01-01T00:00:00", "yesterday", 1.7e12]),
-    "value": st.none() | st.floats(allow_nan=False, width=64) | st.integers(-(2**70), 2**70)
+    "event_time": st.integers(-10, 253_402_300_799_999 + 10)
+    | st.sampled_from(
+        [T0, "2026-01-01T00:00:00Z", "2026-01-01T00:00:00+02:00", "2026-01-01T00:00:00", "yesterday", 1.7e12]
+    ),
+    "value": st.none()
+    | st.floats(allow_nan=False, width=64)
+    | st.integers(-(2**70), 2**70)
     | st.sampled_from([3.4028234663852886e38, 3.5e38, -0.0, 1e-50]),
     "device": st.none() | st.sampled_from(DEVICES) | st.just("symbian"),
 }
@@ -92,9 +100,32 @@ def _payloads(draw: st.DrawFn) -> bytes:
     payload = _dumps(draw(_objects()), draw(st.integers(0, 2)))
     kind = draw(st.sampled_from(_MUTATIONS))
     at = draw(st.integers(0, len(payload)))
-    junk = draw(st.sampled_from([b"\n", b"\r", b"\x00", b"\xff", b"\xc3\xa9", b"NaN", b"Infinity", b"[", b"]",
-                                 b"{", b"}", b",", b'"', b"\\", b" ", b"\t", b"1e999", b"-", b"\\ud800"])
-                      | st.binary(max_size=4))
+    junk = draw(
+        st.sampled_from(
+            [
+                b"\n",
+                b"\r",
+                b"\x00",
+                b"\xff",
+                b"\xc3\xa9",
+                b"NaN",
+                b"Infinity",
+                b"[",
+                b"]",
+                b"{",
+                b"}",
+                b",",
+                b'"',
+                b"\\",
+                b" ",
+                b"\t",
+                b"1e999",
+                b"-",
+                b"\\ud800",
+            ]
+        )
+        | st.binary(max_size=4)
+    )
     if kind == "truncate":
         return payload[:at]
     if kind == "insert":
@@ -149,9 +180,16 @@ def _corrupt(rng: random.Random, payload: bytes) -> bytes:
 @pytest.mark.parametrize(("seed", "bad_share"), [(0, 0.0), (1, 0.001), (2, 0.02), (3, 0.3), (4, 1.0)])
 def test_equals_parse_json_lines_on_corpora(seed: int, bad_share: float) -> None:
     rng = random.Random(seed)
-    payloads = [line(event_id=f"e{i}", user_id=rng.randrange(500), event_time=T0 + rng.randrange(10**9),
-                     surface=rng.choice(SURFACES), value=rng.choice([None, 1.25, rng.random()]))
-                for i in range(6000)]
+    payloads = [
+        line(
+            event_id=f"e{i}",
+            user_id=rng.randrange(500),
+            event_time=T0 + rng.randrange(10**9),
+            surface=rng.choice(SURFACES),
+            value=rng.choice([None, 1.25, rng.random()]),
+        )
+        for i in range(6000)
+    ]
     payloads = [_corrupt(rng, p) if rng.random() < bad_share else p for p in payloads]
     got = _assert_same(payloads)
     assert got.events.num_rows + got.dead_letters.num_rows == len(payloads)
@@ -218,8 +256,9 @@ def test_payloads_select_keeps_the_chosen_payloads(items: list[bytes], data: st.
 
 
 def test_events_match_the_layout_types() -> None:
-    result = decode_events(Payloads.from_list([line(value=None, device=None, is_ad=False, advertiser_id=None)]),
-                           _sources)
+    result = decode_events(
+        Payloads.from_list([line(value=None, device=None, is_ad=False, advertiser_id=None)]), _sources
+    )
     row = result.events.to_pylist()[0]
     assert row["advertiser_id"] is None and row["device"] is None and row["value"] is None
     assert result.events.schema.field("event_time").type == pa.timestamp("ms", tz="UTC")

@@ -56,12 +56,21 @@ def test_untouched_users_pass_through_with_the_new_watermark() -> None:
 
 def test_long_history_of_65536_is_kept_whole() -> None:
     n = 70_000
-    table = pa.table({
-        "event_id": [f"e{i:06d}" for i in range(n)], "user_id": [9] * n, "item_id": list(range(n)),
-        "is_ad": [False] * n, "advertiser_id": pa.nulls(n, pa.int64()), "item_category": [1] * n,
-        "surface": [0] * n, "event_type": [0] * n, "event_time": [T0 + i for i in range(n)],
-        "value": pa.nulls(n, pa.float32()), "device": pa.nulls(n, pa.int8()),
-    })
+    table = pa.table(
+        {
+            "event_id": [f"e{i:06d}" for i in range(n)],
+            "user_id": [9] * n,
+            "item_id": list(range(n)),
+            "is_ad": [False] * n,
+            "advertiser_id": pa.nulls(n, pa.int64()),
+            "item_category": [1] * n,
+            "surface": [0] * n,
+            "event_type": [0] * n,
+            "event_time": [T0 + i for i in range(n)],
+            "value": pa.nulls(n, pa.float32()),
+            "device": pa.nulls(n, pa.int8()),
+        }
+    )
     row = build_histories(table, max_history=65_536).histories.to_pylist()[0]
     assert len(row["events"]) == 65_536
     assert row["events"][0]["event_id"] == f"e{n - 65_536:06d}"
@@ -72,13 +81,13 @@ def test_long_history_of_65536_is_kept_whole() -> None:
 
 _event_rows = st.lists(
     st.tuples(st.integers(0, 3), st.integers(0, 50), st.integers(0, 11), st.integers(0, 11)),
-    min_size=0, max_size=40,
+    min_size=0,
+    max_size=40,
 )
 
 
 def _rows(spec: list[tuple[int, int, int, int]], prefix: str) -> list[dict]:
-    return [event(f"{prefix}{i}", u, t * 1000, event_type=et, surface=s)
-            for i, (u, t, et, s) in enumerate(spec)]
+    return [event(f"{prefix}{i}", u, t * 1000, event_type=et, surface=s) for i, (u, t, et, s) in enumerate(spec)]
 
 
 def _canonical(table: pa.Table) -> list[dict]:

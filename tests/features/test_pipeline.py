@@ -38,8 +38,10 @@ BAD_LINES: list[tuple[bytes, str]] = [
 
 def _good_lines(n: int, users: int = 7) -> list[bytes]:
     types = ["impression", "click", "like", "conversion"]
-    return [line(event_id=f"g{i}", user_id=i % users, item_id=i % 5, event_type=types[i % 4],
-                 event_time=T0 + i * 60_000) for i in range(n)]
+    return [
+        line(event_id=f"g{i}", user_id=i % users, item_id=i % 5, event_type=types[i % 4], event_time=T0 + i * 60_000)
+        for i in range(n)
+    ]
 
 
 def _write_jsonl(path: Path, lines: list[bytes]) -> Path:
@@ -85,8 +87,10 @@ def test_incremental_run_equals_full_rebuild(tmp_path: Path) -> None:
     both = _write_jsonl(tmp_path / "all.jsonl", good)
     common = ["--max-history", "20", "--num-shards", "4"]
     assert _features("--input", str(first), "--output", str(tmp_path / "s1"), *common) == 0
-    assert _features("--input", str(second), "--previous", str(tmp_path / "s1"),
-                     "--output", str(tmp_path / "s2"), *common) == 0
+    assert (
+        _features("--input", str(second), "--previous", str(tmp_path / "s1"), "--output", str(tmp_path / "s2"), *common)
+        == 0
+    )
     assert _features("--input", str(both), "--output", str(tmp_path / "full"), *common) == 0
     assert _histories(tmp_path / "s2").equals(_histories(tmp_path / "full"))
     summary = json.loads((tmp_path / "s2" / "summary.json").read_text())

@@ -64,24 +64,56 @@ def test_replay_equals_the_features_run_on_the_same_file(
     kafka: KafkaConnection, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     events = tmp_path / "events.jsonl"
-    _cli("generate", "--users", "150", "--days", "3", "--seed", "7", "--output", str(events),
-         "--bad-fraction", "0.02", "--duplicate-fraction", "0.02")
+    _cli(
+        "generate",
+        "--users",
+        "150",
+        "--days",
+        "3",
+        "--seed",
+        "7",
+        "--output",
+        str(events),
+        "--bad-fraction",
+        "0.02",
+        "--duplicate-fraction",
+        "0.02",
+    )
     lines = [raw for raw in events.read_bytes().splitlines() if raw.strip()]
     topic, histories_topic, dead_topic = make_topic(3), make_topic(3), make_topic(1)
     out = _cli("produce", "--input", str(events), "--topic", topic, "--no-progress", "--bootstrap-servers", BOOTSTRAP)
     assert f"produce: {len(lines):,} messages acknowledged to {topic!r} (existing, 3 partitions" in out
 
     replay = tmp_path / "replay"
-    out = _cli("replay", "--topic", topic, "--from", "earliest", "--to", "latest", "--output", str(replay),
-               "--num-shards", "4", "--max-split", "300", "--to-topic", histories_topic,
-               "--dead-letter-topic", dead_topic, "--bootstrap-servers", BOOTSTRAP)
+    out = _cli(
+        "replay",
+        "--topic",
+        topic,
+        "--from",
+        "earliest",
+        "--to",
+        "latest",
+        "--output",
+        str(replay),
+        "--num-shards",
+        "4",
+        "--max-split",
+        "300",
+        "--to-topic",
+        histories_topic,
+        "--dead-letter-topic",
+        dead_topic,
+        "--bootstrap-servers",
+        BOOTSTRAP,
+    )
     from_file = _file_run(events, tmp_path / "file")
     from_kafka = json.loads((replay / "summary.json").read_text())
 
     # Same counts, same histories and training examples, shard by shard.
     ignore = {"inputs", "seconds", "published"}
     assert {k: v for k, v in from_kafka.items() if k not in ignore} == {
-        k: v for k, v in from_file.items() if k not in ignore}
+        k: v for k, v in from_file.items() if k not in ignore
+    }
     assert from_kafka["records_in"] == len(lines) and from_kafka["dead_letters"] > 0
     for kind in ("histories", "training_examples"):
         shards = sorted((tmp_path / "file" / kind).glob("*/*.parquet"))
@@ -119,23 +151,59 @@ def test_replay_of_a_time_range_reads_only_that_range(
     topic = make_topic(2)
     hour = 3_600_000
     for p in range(2):
-        produce(kafka, topic, [line(event_id=f"{p}-{i}", user_id=10 + p, event_time=T0 + i * hour) for i in range(12)],
-                partition=p, timestamps_ms=[T0 + i * hour for i in range(12)])
+        produce(
+            kafka,
+            topic,
+            [line(event_id=f"{p}-{i}", user_id=10 + p, event_time=T0 + i * hour) for i in range(12)],
+            partition=p,
+            timestamps_ms=[T0 + i * hour for i in range(12)],
+        )
     out = tmp_path / "range"
-    _cli("replay", "--topic", topic, "--from", "2026-01-01T03:00:00Z", "--to", "2026-01-01T09:00:00Z",
-         "--output", str(out), "--num-shards", "2", "--bootstrap-servers", BOOTSTRAP)
+    _cli(
+        "replay",
+        "--topic",
+        topic,
+        "--from",
+        "2026-01-01T03:00:00Z",
+        "--to",
+        "2026-01-01T09:00:00Z",
+        "--output",
+        str(out),
+        "--num-shards",
+        "2",
+        "--bootstrap-servers",
+        BOOTSTRAP,
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["records_in"] == 12 and summary["histories"] == 2
     assert summary["inputs"] == [f"kafka:{topic}/0/3-9", f"kafka:{topic}/1/3-9"]
 
 
 def test_replay_flags_fail_before_work(kafka: KafkaConnection) -> None:
-    done = subprocess.run([sys.executable, "-m", "pipelines", "replay", "--topic", "t", "--from", "yesterday",
-                           "--output", "/tmp/never"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "pipelines", "replay", "--topic", "t", "--from", "yesterday", "--output", "/tmp/never"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and "--from" in done.stderr and "Fix:" in done.stderr
-    done = subprocess.run([sys.executable, "-m", "pipelines", "replay", "--topic", "no-such-topic-here",
-                           "--output", "/tmp/never", "--bootstrap-servers", BOOTSTRAP],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipelines",
+            "replay",
+            "--topic",
+            "no-such-topic-here",
+            "--output",
+            "/tmp/never",
+            "--bootstrap-servers",
+            BOOTSTRAP,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and "--topic" in done.stderr
 
 

@@ -16,27 +16,40 @@ def test_layout_table_passes_unchanged() -> None:
 
 
 def test_string_enums_are_mapped_to_codes() -> None:
-    table = pa.table({**{f.name: [v] for f, v in zip(EVENT.schema, event("a", 1, 0).values(), strict=True)},
-                      "surface": ["instagram_reels"], "event_type": ["click"], "device": [None]})
+    table = pa.table(
+        {
+            **{f.name: [v] for f, v in zip(EVENT.schema, event("a", 1, 0).values(), strict=True)},
+            "surface": ["instagram_reels"],
+            "event_type": ["click"],
+            "device": [None],
+        }
+    )
     result = validate_event_table(table, "x.parquet")
     row = result.events.to_pylist()[0]
     assert (row["surface"], row["event_type"], row["device"]) == (5, 1, None)
 
 
 def test_bad_rows_become_dead_letters_with_row_sources() -> None:
-    table = events_table([
-        event("ok", 1, 0),
-        event("neg", -1, 0),
-        event("enum", 1, 0, surface=99),
-        event("noadv", 1, 0, advertiser_id=None),
-        event("nan", 1, 0, value=float("nan")),
-        event("", 1, 0),
-    ])
+    table = events_table(
+        [
+            event("ok", 1, 0),
+            event("neg", -1, 0),
+            event("enum", 1, 0, surface=99),
+            event("noadv", 1, 0, advertiser_id=None),
+            event("nan", 1, 0, value=float("nan")),
+            event("", 1, 0),
+        ]
+    )
     result = validate_event_table(table, "x.parquet", first_row=100)
     assert result.events.column("event_id").to_pylist() == ["ok"]
     dead = result.dead_letters.to_pydict()
-    assert dead["reason"] == [reasons.OUT_OF_RANGE, reasons.UNKNOWN_ENUM, reasons.AD_WITHOUT_ADVERTISER,
-                              reasons.NON_FINITE, reasons.OUT_OF_RANGE]
+    assert dead["reason"] == [
+        reasons.OUT_OF_RANGE,
+        reasons.UNKNOWN_ENUM,
+        reasons.AD_WITHOUT_ADVERTISER,
+        reasons.NON_FINITE,
+        reasons.OUT_OF_RANGE,
+    ]
     assert dead["source"] == [f"x.parquet:{i}" for i in range(101, 106)]
 
 

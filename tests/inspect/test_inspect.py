@@ -13,8 +13,10 @@ from tests.features.factories import T0, line
 @pytest.fixture(scope="module")
 def features_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("inspect")
-    lines = [line(event_id=f"e{i}", user_id=i % 4, event_time=T0 + i, surface="threads" if i % 2 else "messenger")
-             for i in range(40)] + [b"{oops", b"[]"]
+    lines = [
+        line(event_id=f"e{i}", user_id=i % 4, event_time=T0 + i, surface="threads" if i % 2 else "messenger")
+        for i in range(40)
+    ] + [b"{oops", b"[]"]
     (root / "e.jsonl").write_bytes(b"\n".join(lines))
     assert main(["features", "--input", str(root / "e.jsonl"), "--output", str(root / "out")]) == 0
     return root / "out"

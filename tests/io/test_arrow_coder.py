@@ -13,8 +13,13 @@ _LZ4_FRAME_MAGIC = bytes.fromhex("04224d18")  # what every LZ4-compressed IPC bu
 
 def _table(rows: int) -> pa.Table:
     ids = np.arange(rows, dtype=np.int64) % 7  # compressible
-    return pa.table({"user_id": ids, "name": pa.array([f"user-{i}" for i in ids]),
-                     "items": pa.array([[int(i)] * 3 for i in ids], pa.list_(pa.int64()))})
+    return pa.table(
+        {
+            "user_id": ids,
+            "name": pa.array([f"user-{i}" for i in ids]),
+            "items": pa.array([[int(i)] * 3 for i in ids], pa.list_(pa.int64())),
+        }
+    )
 
 
 @pytest.mark.parametrize("rows", [0, 5, 200_000])

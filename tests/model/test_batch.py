@@ -23,18 +23,23 @@ SEC = 1000
 
 
 def _world() -> pa.Table:
-    return histories_table({
-        10: [event(i, T0 + i * SEC, item=100 + i) for i in range(10)],
-        20: [event(50 + i, T0 + 2 * i * SEC, item=200 + i, is_ad=i % 2 == 0) for i in range(3)],
-    }, evicted={10: 5})
+    return histories_table(
+        {
+            10: [event(i, T0 + i * SEC, item=100 + i) for i in range(10)],
+            20: [event(50 + i, T0 + 2 * i * SEC, item=200 + i, is_ad=i % 2 == 0) for i in range(3)],
+        },
+        evicted={10: 5},
+    )
 
 
 def test_example_sees_exactly_the_last_max_len_events_before_it() -> None:
-    examples = examples_table([
-        {"user_id": 10, "item_id": 1, "event_time": T0 + 5500, "history_end": 6},
-        {"user_id": 20, "item_id": 2, "event_time": T0 + 1, "history_end": 1},
-        {"user_id": 10, "item_id": 3, "event_time": T0 - 1, "history_end": 0},
-    ])
+    examples = examples_table(
+        [
+            {"user_id": 10, "item_id": 1, "event_time": T0 + 5500, "history_end": 6},
+            {"user_id": 20, "item_id": 2, "event_time": T0 + 1, "history_end": 1},
+            {"user_id": 10, "item_id": 3, "event_time": T0 - 1, "history_end": 0},
+        ]
+    )
     batch = build_example_batch(_world(), examples, max_len=4)
     assert batch.lengths.tolist() == [4, 1, 0]
     assert batch.item_id.tolist() == [102, 103, 104, 105, 200]
@@ -45,21 +50,24 @@ def test_example_sees_exactly_the_last_max_len_events_before_it() -> None:
 
 def test_no_future_event_reaches_any_example_on_random_histories() -> None:
     rng = np.random.default_rng(0)
-    users = {u: [event(u * 1000 + i, int(t), item=int(u * 1000 + i))
-                 for i, t in enumerate(np.sort(rng.integers(T0, T0 + 10**6, rng.integers(1, 40))))]
-             for u in range(6)}
+    users = {
+        u: [
+            event(u * 1000 + i, int(t), item=int(u * 1000 + i))
+            for i, t in enumerate(np.sort(rng.integers(T0, T0 + 10**6, rng.integers(1, 40))))
+        ]
+        for u in range(6)
+    }
     rows = []
     for u, events in users.items():
         times = np.array([e["event_time"] for e in events])
         for t in rng.integers(T0 - 10, T0 + 10**6 + 10, 5):
-            rows.append({"user_id": u, "item_id": 1, "event_time": int(t),
-                         "history_end": int((times < t).sum())})
+            rows.append({"user_id": u, "item_id": 1, "event_time": int(t), "history_end": int((times < t).sum())})
     examples = examples_table(rows)
     index = HistoryIndex(histories_table(users))
     batch = ExampleSet(index, examples).batch(max_len=8)
     event_time = {e["item_id"]: e["event_time"] for evs in users.values() for e in evs}
     for b, r in enumerate(rows):
-        items = batch.item_id[batch.offsets[b]:batch.offsets[b + 1]].tolist()
+        items = batch.item_id[batch.offsets[b] : batch.offsets[b + 1]].tolist()
         before = [e["item_id"] for e in users[r["user_id"]] if e["event_time"] < r["event_time"]]
         assert items == before[-8:]
         assert all(event_time[i] < r["event_time"] for i in items)
@@ -72,10 +80,13 @@ def test_history_end_beyond_the_snapshot_is_an_error() -> None:
 
 
 def test_candidates_see_events_strictly_before_the_request() -> None:
-    candidates = pa.Table.from_pylist([
-        {"request_id": "r1", "user_id": 10, "surface": 3, "request_time": T0 + 4 * SEC, "ad_ids": [200, 999]},
-        {"request_id": "r2", "user_id": 77, "surface": 0, "request_time": T0, "ad_ids": [202]},
-    ], schema=CANDIDATES.with_metadata())
+    candidates = pa.Table.from_pylist(
+        [
+            {"request_id": "r1", "user_id": 10, "surface": 3, "request_time": T0 + 4 * SEC, "ad_ids": [200, 999]},
+            {"request_id": "r2", "user_id": 77, "surface": 0, "request_time": T0, "ad_ids": [202]},
+        ],
+        schema=CANDIDATES.with_metadata(),
+    )
     index = HistoryIndex(_world())
     batch = build_candidate_batch(index, candidates, max_len=3, catalog=ad_catalog(index))
     assert batch.user_id.tolist() == [10, 10, 77] and batch.target_item.tolist() == [200, 999, 202]
@@ -95,10 +106,12 @@ def test_user_batch_reads_the_most_recent_events_without_a_target() -> None:
 
 
 def test_select_keeps_each_rows_history() -> None:
-    examples = examples_table([
-        {"user_id": 10, "item_id": 1, "event_time": T0 + 9500, "history_end": 10},
-        {"user_id": 20, "item_id": 2, "event_time": T0 + 9 * SEC, "history_end": 3},
-    ])
+    examples = examples_table(
+        [
+            {"user_id": 10, "item_id": 1, "event_time": T0 + 9500, "history_end": 10},
+            {"user_id": 20, "item_id": 2, "event_time": T0 + 9 * SEC, "history_end": 3},
+        ]
+    )
     full = build_example_batch(_world(), examples, max_len=16)
     sub = full.select(np.array([1]))
     assert sub.item_id.tolist() == [200, 201, 202] and sub.user_id.tolist() == [20]
@@ -114,10 +127,12 @@ def test_count_features_cover_the_whole_prefix_and_the_evicted_events() -> None:
     summary = table.column("summary").to_pylist()
     summary[0]["event_type_counts"] = [4] + [0] * 11  # 4 evicted impressions
     table = table.set_column(2, "summary", pa.array(summary, table.schema.field("summary").type))
-    examples = examples_table([
-        {"user_id": 10, "item_id": 1, "event_time": T0 + 7 * SEC + 500, "history_end": 8},
-        {"user_id": 10, "item_id": 1, "event_time": T0 - 1, "history_end": 0},
-    ])
+    examples = examples_table(
+        [
+            {"user_id": 10, "item_id": 1, "event_time": T0 + 7 * SEC + 500, "history_end": 8},
+            {"user_id": 10, "item_id": 1, "event_time": T0 - 1, "history_end": 0},
+        ]
+    )
     counts = build_example_batch(table, examples, max_len=2).counts.numpy()
     named = dict(zip(COUNT_FEATURES, counts[0], strict=True))
     assert np.expm1(named["log_clicks"]) == pytest.approx(3)  # events 0, 3, 6: beyond max_len too

@@ -59,8 +59,8 @@ def test_chunks_cover_every_block_and_token_once(lengths: list[int], max_blocks:
     assert sum(c.token_end - c.own_start for c in chunks) == sum(lengths)
     values = torch.arange(sum(lengths), dtype=torch.float32)
     for c in chunks:
-        own = values[c.own_start:c.token_end]
-        queries = values[c.token_start:c.token_end].index_select(0, c.source)[layout.block_size:]
+        own = values[c.own_start : c.token_end]
+        queries = values[c.token_start : c.token_end].index_select(0, c.source)[layout.block_size :]
         assert torch.equal(queries.index_select(0, c.slot), own)  # slot and source invert each other
-        valid = layout.valid[c.first:c.end].reshape(-1)
+        valid = layout.valid[c.first : c.end].reshape(-1)
         assert torch.equal(queries[valid], own)

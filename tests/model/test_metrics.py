@@ -37,7 +37,8 @@ def test_normalized_entropy_is_one_for_the_base_rate_and_lower_for_a_better_mode
 @settings(max_examples=40, derandomize=True, deadline=None)
 @given(st.lists(st.tuples(st.booleans(), st.integers(0, 4), st.integers(1, 3)), min_size=2, max_size=25))
 def test_weighted_metrics_equal_the_unweighted_ones_on_rows_repeated_by_their_weight(
-        rows: list[tuple[bool, int, int]]) -> None:
+    rows: list[tuple[bool, int, int]],
+) -> None:
     labels = np.array([r[0] for r in rows], dtype=float)
     scores = np.array([r[1] for r in rows], dtype=float)
     weights = np.array([r[2] for r in rows], dtype=float)

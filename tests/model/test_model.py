@@ -67,10 +67,19 @@ def test_same_seed_same_model_and_outputs() -> None:
     assert torch.equal(outs[0], outs[1])
 
 
-@pytest.mark.parametrize("changes", [
-    {"d_model": 10, "num_heads": 4}, {"block_size": 0}, {"experts": ("fm", "mlp")}, {"top_k": 5},
-    {"hash_sizes": {"item": 10}}, {"dropout": 1.0}, {"max_len": -1}, {"num_layers": True},
-])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"d_model": 10, "num_heads": 4},
+        {"block_size": 0},
+        {"experts": ("fm", "mlp")},
+        {"top_k": 5},
+        {"hash_sizes": {"item": 10}},
+        {"dropout": 1.0},
+        {"max_len": -1},
+        {"num_layers": True},
+    ],
+)
 def test_bad_config_is_rejected_at_construction(changes: dict) -> None:
     with pytest.raises(ValueError, match="GemConfig"):
         tiny_config(**changes)
@@ -133,8 +142,18 @@ def test_user_representation_reads_the_history_only() -> None:
     model = GemModel(tiny_config()).eval()
     batch = random_batch([4, 0, 11], seed=5)
     other = random_batch([4, 0, 11], seed=6)
-    request = {name: getattr(other, name) for name in ("user_id", "request_surface", "device", "target_item",
-                                                       "target_advertiser", "target_category", "target_is_ad")}
+    request = {
+        name: getattr(other, name)
+        for name in (
+            "user_id",
+            "request_surface",
+            "device",
+            "target_item",
+            "target_advertiser",
+            "target_category",
+            "target_is_ad",
+        )
+    }
     moved = dataclasses.replace(batch, **request)
     with torch.no_grad():
         torch.testing.assert_close(model(batch).user_embedding, model(moved).user_embedding)

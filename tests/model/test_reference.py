@@ -18,16 +18,21 @@ def _assert_close(model: GemModel, lengths: list[int], seed: int) -> None:
     with torch.no_grad():
         fast, ref = model(batch), model(batch, reference=True)
     for name in ("click_logit", "conversion_logit", "user_embedding", "pair_embedding"):
-        torch.testing.assert_close(getattr(fast, name), getattr(ref, name), atol=2e-5, rtol=1e-4,
-                                   msg=f"{name} differs for lengths {lengths}")
+        torch.testing.assert_close(
+            getattr(fast, name), getattr(ref, name), atol=2e-5, rtol=1e-4, msg=f"{name} differs for lengths {lengths}"
+        )
 
 
-@pytest.fixture(scope="module", params=[
-    ({"component_skip": True}, 64),
-    ({"component_skip": True}, 1),
-    ({"component_skip": False, "attend_previous_block": False}, 2),
-    ({"component_skip": False, "num_layers": 3, "target_attention": False, "target_match": False}, 3),
-], ids=["skip", "skip-one-block-chunks", "no-skip-no-prev", "three-layers-no-target"])
+@pytest.fixture(
+    scope="module",
+    params=[
+        ({"component_skip": True}, 64),
+        ({"component_skip": True}, 1),
+        ({"component_skip": False, "attend_previous_block": False}, 2),
+        ({"component_skip": False, "num_layers": 3, "target_attention": False, "target_match": False}, 3),
+    ],
+    ids=["skip", "skip-one-block-chunks", "no-skip-no-prev", "three-layers-no-target"],
+)
 def model(request: pytest.FixtureRequest) -> GemModel:
     """Models with the jagged path run in chunks of 64, 1, 2 and 3 blocks (CPU chunking)."""
     changes, chunk_blocks = request.param

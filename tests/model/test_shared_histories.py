@@ -54,4 +54,3 @@ def test_a_shared_history_gives_every_row_what_it_gives_alone() -> None:
         got = getattr(together, name)
         want = torch.cat([getattr(a, name) for a in alone])
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=name)
-

@@ -54,14 +54,37 @@ def test_training_writes_metrics_learns_and_is_deterministic(features_dir: Path,
     assert len(stored["weights"]) == len(stored["history_length"]) == first["data"]["holdout_examples"]
     for who, part in (("model", "model"), ("baseline", "baseline")):
         assert auc(stored["clicked"], stored[f"{who}_clicked"], stored["weights"]) == pytest.approx(
-            first[part]["click"]["auc"])
+            first[part]["click"]["auc"]
+        )
 
 
 def test_cli_trains_end_to_end(features_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "model"
-    code = main(["train", "--data", str(features_dir), "--output", str(out), "--epochs", "1",
-                 "--max-examples", "400", "--max-holdout", "300", "--layers", "2", "--d-model", "32",
-                 "--device", "auto", "--seed", "1", "--no-progress", "--no-esmm"])
+    code = main(
+        [
+            "train",
+            "--data",
+            str(features_dir),
+            "--output",
+            str(out),
+            "--epochs",
+            "1",
+            "--max-examples",
+            "400",
+            "--max-holdout",
+            "300",
+            "--layers",
+            "2",
+            "--d-model",
+            "32",
+            "--device",
+            "auto",
+            "--seed",
+            "1",
+            "--no-progress",
+            "--no-esmm",
+        ]
+    )
     assert code == 0
     assert (out / "model.pt").exists() and (out / "metrics.json").exists()
     metrics = json.loads((out / "metrics.json").read_text())
@@ -81,22 +104,46 @@ def test_cli_trains_end_to_end(features_dir: Path, tmp_path: Path, capsys: pytes
 @pytest.mark.integration
 def test_python_dash_m_pipelines_train(features_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "model"
-    proc = subprocess.run([sys.executable, "-m", "pipelines", "train", "--data", str(features_dir), "--output",
-                           str(out), "--max-examples", "200", "--max-holdout", "200", "--layers", "2",
-                           "--d-model", "16"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipelines",
+            "train",
+            "--data",
+            str(features_dir),
+            "--output",
+            str(out),
+            "--max-examples",
+            "200",
+            "--max-holdout",
+            "200",
+            "--layers",
+            "2",
+            "--d-model",
+            "16",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads((out / "metrics.json").read_text())["model"]["click"]["count"] > 0
 
 
-@pytest.mark.parametrize(("flags", "message"), [
-    (["--epochs", "0"], "--epochs"),
-    (["--device", "tpu"], "--device"),
-    (["--max-len", "-3"], "--max-len"),
-    (["--d-model", "30"], "--d-model"),
-    (["--max-examples", "-1"], "--max-examples"),
-])
-def test_bad_flags_fail_before_any_work(features_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                        flags: list[str], message: str) -> None:
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--epochs", "0"], "--epochs"),
+        (["--device", "tpu"], "--device"),
+        (["--max-len", "-3"], "--max-len"),
+        (["--d-model", "30"], "--d-model"),
+        (["--max-examples", "-1"], "--max-examples"),
+    ],
+)
+def test_bad_flags_fail_before_any_work(
+    features_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
     code = main(["train", "--data", str(features_dir), "--output", str(tmp_path / "m"), *flags])
     assert code == 2
     err = capsys.readouterr().err
@@ -104,8 +151,9 @@ def test_bad_flags_fail_before_any_work(features_dir: Path, tmp_path: Path, caps
     assert not (tmp_path / "m" / "model.pt").exists()
 
 
-def test_missing_data_and_existing_model_are_clear_errors(features_dir: Path, tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_data_and_existing_model_are_clear_errors(
+    features_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["train", "--data", str(tmp_path / "nowhere"), "--output", str(tmp_path / "m")]) == 2
     assert "--data" in capsys.readouterr().err
     (tmp_path / "m").mkdir()

@@ -35,31 +35,34 @@ class ToyWorld:
     seed: int = 0
 
 
-def _user_events(rng: np.random.Generator, world: ToyWorld, user: int, catalog: dict[str, np.ndarray]
-                 ) -> list[dict]:
+def _user_events(rng: np.random.Generator, world: ToyWorld, user: int, catalog: dict[str, np.ndarray]) -> list[dict]:
     interests = rng.choice(world.categories, size=int(rng.integers(1, 3)), replace=False)
     n = max(1, int(rng.pareto(1.5) * world.mean_impressions * 0.5) + 1)
     n = min(n, world.mean_impressions * 20)
     times = np.sort(rng.integers(0, world.days * DAY_MS - 60_000, size=n)) + START_MS
     in_interest = rng.random(n) < 0.5
-    cat_items = [np.flatnonzero(np.isin(catalog["category"], interests)),
-                 np.arange(world.items)]
+    cat_items = [np.flatnonzero(np.isin(catalog["category"], interests)), np.arange(world.items)]
     events: list[dict] = []
     for i in range(n):
         pool = cat_items[0] if in_interest[i] and len(cat_items[0]) else cat_items[1]
         item = int(rng.choice(pool))
         liked = catalog["category"][item] in interests
         surface = int(rng.integers(len(SURFACES)))
-        base = dict(item_id=item, is_ad=bool(catalog["is_ad"][item]),
-                    advertiser_id=int(catalog["advertiser"][item]) if catalog["is_ad"][item] else None,
-                    item_category=int(catalog["category"][item]), surface=surface)
+        base = dict(
+            item_id=item,
+            is_ad=bool(catalog["is_ad"][item]),
+            advertiser_id=int(catalog["advertiser"][item]) if catalog["is_ad"][item] else None,
+            item_category=int(catalog["category"][item]),
+            surface=surface,
+        )
         t = int(times[i])
         events.append({**base, "event_type": IMPRESSION, "event_time": t, "value": None})
         if rng.random() < (0.45 if liked else 0.04):
             events.append({**base, "event_type": CLICK, "event_time": t + 10_000, "value": 5.0})
             if rng.random() < 0.3:
-                events.append({**base, "event_type": EVENT_TYPE_CODE["conversion"],
-                               "event_time": t + 20_000, "value": 20.0})
+                events.append(
+                    {**base, "event_type": EVENT_TYPE_CODE["conversion"], "event_time": t + 20_000, "value": 20.0}
+                )
     events.sort(key=lambda e: e["event_time"])
     for j, e in enumerate(events):
         e["event_id"] = f"u{user}-e{j}"
@@ -69,9 +72,11 @@ def _user_events(rng: np.random.Generator, world: ToyWorld, user: int, catalog: 
 def make_world(world: ToyWorld = ToyWorld()) -> tuple[pa.Table, pa.Table]:
     """``(histories, training_examples)`` tables conforming to the layouts (with metadata)."""
     rng = np.random.default_rng(world.seed)
-    catalog = {"category": rng.integers(0, world.categories, world.items),
-               "is_ad": rng.random(world.items) < 0.6,
-               "advertiser": rng.integers(1, 40, world.items)}
+    catalog = {
+        "category": rng.integers(0, world.categories, world.items),
+        "is_ad": rng.random(world.items) < 0.6,
+        "advertiser": rng.integers(1, 40, world.items),
+    }
     history_rows, example_rows = [], []
     for user in range(world.users):
         events = _user_events(rng, world, user, catalog)
@@ -79,15 +84,24 @@ def make_world(world: ToyWorld = ToyWorld()) -> tuple[pa.Table, pa.Table]:
         for j, e in enumerate(events):
             if e["event_type"] != IMPRESSION:
                 continue
-            later = [x for x in events[j + 1:j + 4] if x["item_id"] == e["item_id"]]
-            example_rows.append({
-                "event_id": e["event_id"], "user_id": user, "item_id": e["item_id"], "is_ad": e["is_ad"],
-                "advertiser_id": e["advertiser_id"], "item_category": e["item_category"],
-                "surface": e["surface"], "device": device, "event_time": e["event_time"],
-                "clicked": any(x["event_type"] == CLICK for x in later),
-                "converted": any(x["event_type"] == EVENT_TYPE_CODE["conversion"] for x in later),
-                "history_length": j, "history_end": j,
-            })
+            later = [x for x in events[j + 1 : j + 4] if x["item_id"] == e["item_id"]]
+            example_rows.append(
+                {
+                    "event_id": e["event_id"],
+                    "user_id": user,
+                    "item_id": e["item_id"],
+                    "is_ad": e["is_ad"],
+                    "advertiser_id": e["advertiser_id"],
+                    "item_category": e["item_category"],
+                    "surface": e["surface"],
+                    "device": device,
+                    "event_time": e["event_time"],
+                    "clicked": any(x["event_type"] == CLICK for x in later),
+                    "converted": any(x["event_type"] == EVENT_TYPE_CODE["conversion"] for x in later),
+                    "history_length": j,
+                    "history_end": j,
+                }
+            )
         history_rows.append(history_row(user, events))
     histories = pa.Table.from_pylist(history_rows, schema=HISTORY.with_metadata())
     examples = pa.Table.from_pylist(example_rows, schema=TRAINING_EXAMPLE.with_metadata())
@@ -98,11 +112,18 @@ def history_row(user_id: int, events: list[dict], evicted: int = 0) -> dict:
     """One ``history`` row from event dicts (oldest first; ``event_time`` in ms)."""
     last = events[-1]["event_time"] if events else START_MS
     return {
-        "user_id": user_id, "events": events,
-        "summary": {"evicted_count": evicted, "surface_counts": [0] * len(SURFACES),
-                    "event_type_counts": [0] * len(EVENT_TYPES), "first_event_time": None,
-                    "last_event_time": None},
-        "num_events_total": len(events) + evicted, "last_event_time": last, "watermark": last,
+        "user_id": user_id,
+        "events": events,
+        "summary": {
+            "evicted_count": evicted,
+            "surface_counts": [0] * len(SURFACES),
+            "event_type_counts": [0] * len(EVENT_TYPES),
+            "first_event_time": None,
+            "last_event_time": None,
+        },
+        "num_events_total": len(events) + evicted,
+        "last_event_time": last,
+        "watermark": last,
     }
 
 

@@ -37,8 +37,26 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
 
     root = tmp_path_factory.mktemp("precompute-world")
     events, candidates = root / "events.parquet", root / "candidates.parquet"
-    assert main(["generate", "--users", "300", "--days", "5", "--seed", "5", "--output", str(events),
-                 "--candidates", str(candidates), "--requests", "120"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--users",
+                "300",
+                "--days",
+                "5",
+                "--seed",
+                "5",
+                "--output",
+                str(events),
+                "--candidates",
+                str(candidates),
+                "--requests",
+                "120",
+            ]
+        )
+        == 0
+    )
     assert main(["features", "--input", str(events), "--output", str(root / "features"), "--num-shards", "4"]) == 0
     torch.manual_seed(0)
     config = GemConfig(d_model=16, num_heads=2, num_layers=2, max_len=48, block_size=16, representation_dim=8)

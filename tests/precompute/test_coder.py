@@ -30,8 +30,7 @@ def _index(world: World) -> HistoryIndex:
 
 def test_a_request_round_trips_with_its_history_stored_once(world: World) -> None:
     index = _index(world)
-    requests = request_elements(index, pa.parquet.read_table(world.candidates), max_len=48,
-                                catalog=ad_catalog(index))
+    requests = request_elements(index, pa.parquet.read_table(world.candidates), max_len=48, catalog=ad_catalog(index))
     batch = max((b for _, b in requests), key=lambda b: b.num_tokens)
     assert batch.num_rows > 1 and batch.num_tokens > 0
     coder = GemBatchCoder()

@@ -21,8 +21,23 @@ from tests.precompute.conftest import World
 
 
 def _run(world: World, out: Path, *extra: str) -> dict:
-    assert main(["precompute", "--features", str(world.features), "--candidates", str(world.candidates),
-                 "--model", str(world.model), "--output", str(out), *extra]) == 0
+    assert (
+        main(
+            [
+                "precompute",
+                "--features",
+                str(world.features),
+                "--candidates",
+                str(world.candidates),
+                "--model",
+                str(world.model),
+                "--output",
+                str(out),
+                *extra,
+            ]
+        )
+        == 0
+    )
     return json.loads((out / "summary.json").read_text())
 
 
@@ -39,8 +54,13 @@ def run_all_users(world: World, tmp_path_factory: pytest.TempPathFactory) -> tup
 def test_every_pair_and_user_gets_a_representation(world: World, run_all_users) -> None:
     out, summary = run_all_users
     candidates = pq.read_table(world.candidates)
-    expected = {(u, a) for u, ads in zip(candidates.column("user_id").to_pylist(),
-                                         candidates.column("ad_ids").to_pylist(), strict=True) for a in ads}
+    expected = {
+        (u, a)
+        for u, ads in zip(
+            candidates.column("user_id").to_pylist(), candidates.column("ad_ids").to_pylist(), strict=True
+        )
+        for a in ads
+    }
     reps = _reps(out)
     pairs = reps.filter(reps.column("ad_id").is_valid())
     got = set(zip(pairs.column("user_id").to_pylist(), pairs.column("ad_id").to_pylist(), strict=True))
@@ -68,8 +88,9 @@ def test_store_holds_what_parquet_holds(run_all_users) -> None:
     out, _ = run_all_users
     reps = _reps(out).slice(0, 50)
     with open_store(f"lmdb://{out}/store") as store:
-        keys = [(u, a) for u, a in zip(reps.column("user_id").to_pylist(), reps.column("ad_id").to_pylist(),
-                                       strict=True)]
+        keys = [
+            (u, a) for u, a in zip(reps.column("user_id").to_pylist(), reps.column("ad_id").to_pylist(), strict=True)
+        ]
         result = store.read_batch(keys)
     assert result.found.all()
     expected = np.stack(reps.column("embedding").to_numpy(zero_copy_only=False)).astype(np.float32)
@@ -77,17 +98,45 @@ def test_store_holds_what_parquet_holds(run_all_users) -> None:
 
 
 def test_users_without_history_and_bad_rows(world: World, tmp_path: Path) -> None:
-    good = pa.table({"request_id": ["r1"], "user_id": [10**12], "surface": pa.array([2], pa.int8()),
-                     "request_time": pa.array([1_800_000_000_000], pa.timestamp("ms", tz="UTC")),
-                     "ad_ids": [[5, 6, 7]]}, schema=CANDIDATES.schema)
-    bad = pa.table({"request_id": ["r2", "r3"], "user_id": [1, 2], "surface": pa.array([2, 99], pa.int8()),
-                    "request_time": pa.array([1_800_000_000_000] * 2, pa.timestamp("ms", tz="UTC")),
-                    "ad_ids": [[], [1]]}, schema=CANDIDATES.schema)
+    good = pa.table(
+        {
+            "request_id": ["r1"],
+            "user_id": [10**12],
+            "surface": pa.array([2], pa.int8()),
+            "request_time": pa.array([1_800_000_000_000], pa.timestamp("ms", tz="UTC")),
+            "ad_ids": [[5, 6, 7]],
+        },
+        schema=CANDIDATES.schema,
+    )
+    bad = pa.table(
+        {
+            "request_id": ["r2", "r3"],
+            "user_id": [1, 2],
+            "surface": pa.array([2, 99], pa.int8()),
+            "request_time": pa.array([1_800_000_000_000] * 2, pa.timestamp("ms", tz="UTC")),
+            "ad_ids": [[], [1]],
+        },
+        schema=CANDIDATES.schema,
+    )
     path = tmp_path / "c.parquet"
     pq.write_table(pa.concat_tables([good, bad]), path)
     out = tmp_path / "out"
-    assert main(["precompute", "--features", str(world.features), "--candidates", str(path),
-                 "--model", str(world.model), "--output", str(out)]) == 0
+    assert (
+        main(
+            [
+                "precompute",
+                "--features",
+                str(world.features),
+                "--candidates",
+                str(path),
+                "--model",
+                str(world.model),
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     reps = _reps(out)
     assert sorted(reps.column("ad_id").to_pylist()) == [5, 6, 7]
     dead = pq.read_table(out / "dead_letters" / "part-00000.parquet")
@@ -100,18 +149,22 @@ def test_bad_flags_fail_before_work(world: World, tmp_path: Path, capsys) -> Non
     assert "--features" in capsys.readouterr().err
     assert main([*base, "--features", str(world.features), "--model", str(tmp_path)]) == 2
     assert "--model" in capsys.readouterr().err
-    assert main([*base, "--features", str(world.features), "--model", str(world.model),
-                 "--token-budget", "0"]) == 2
+    assert main([*base, "--features", str(world.features), "--model", str(world.model), "--token-budget", "0"]) == 2
     assert "--token-budget" in capsys.readouterr().err
-    assert main([*base, "--features", str(world.features), "--model", str(world.model),
-                 "--store", "mongodb://x"]) == 2
+    assert main([*base, "--features", str(world.features), "--model", str(world.model), "--store", "mongodb://x"]) == 2
     assert "--store" in capsys.readouterr().err
 
 
 def test_check_candidates_reasons() -> None:
-    table = pa.table({"request_id": ["a", "b", "c"], "user_id": [1, -1, 3], "surface": pa.array([0, 0, 0], pa.int8()),
-                      "request_time": pa.array([1, 2, None], pa.timestamp("ms", tz="UTC")),
-                      "ad_ids": [[1], [2], [3]]})
+    table = pa.table(
+        {
+            "request_id": ["a", "b", "c"],
+            "user_id": [1, -1, 3],
+            "surface": pa.array([0, 0, 0], pa.int8()),
+            "request_time": pa.array([1, 2, None], pa.timestamp("ms", tz="UTC")),
+            "ad_ids": [[1], [2], [3]],
+        }
+    )
     check = check_candidates(table, "c.parquet")
     assert check.valid.column("request_id").to_pylist() == ["a"]
     assert check.dead_letters.column("source").to_pylist() == ["c.parquet:1", "c.parquet:2"]
@@ -129,8 +182,9 @@ def test_concat_and_handler_results_own_their_memory(world: World) -> None:
 
     model = load_model(world.model, device="cpu")
     histories = ds.dataset(world.features / "histories", format="parquet", partitioning="hive").to_table()
-    elements = request_elements(HistoryIndex(histories), pq.read_table(world.candidates).slice(0, 5),
-                                max_len=model.config.max_len, catalog=None)
+    elements = request_elements(
+        HistoryIndex(histories), pq.read_table(world.candidates).slice(0, 5), max_len=model.config.max_len, catalog=None
+    )
     batches = [b for _, b in elements]
     merged = concat_batches(batches)
     assert merged.num_rows == sum(b.num_rows for b in batches)
@@ -140,8 +194,9 @@ def test_concat_and_handler_results_own_their_memory(world: World) -> None:
     whole = model.represent(merged)
     first, _ = results[0].inference
     assert first.pair_embedding.base is None  # a copy, not a view of the batch output
-    assert np.allclose(np.concatenate([r.inference[0].pair_embedding for r in results]), whole.pair_embedding,
-                       atol=1e-5)
+    assert np.allclose(
+        np.concatenate([r.inference[0].pair_embedding for r in results]), whole.pair_embedding, atol=1e-5
+    )
     assert handler.batch_elements_kwargs()["element_size_fn"]((0, batches[0])) == element_tokens(batches[0])
 
 

@@ -18,9 +18,15 @@ from tests.precompute.conftest import World
 def _candidates(rows: list[tuple[str, int, int, list[int]]]) -> pa.Table:
     names = ["request_id", "user_id", "request_time", "ad_ids"]
     table = pa.table({n: [r[i] for r in rows] for i, n in enumerate(names)})
-    return pa.table({"request_id": table["request_id"], "user_id": table["user_id"],
-                     "surface": pa.array([0] * len(rows), pa.int8()), "request_time": table["request_time"],
-                     "ad_ids": table["ad_ids"]}).cast(CANDIDATES.schema)
+    return pa.table(
+        {
+            "request_id": table["request_id"],
+            "user_id": table["user_id"],
+            "surface": pa.array([0] * len(rows), pa.int8()),
+            "request_time": table["request_time"],
+            "ad_ids": table["ad_ids"],
+        }
+    ).cast(CANDIDATES.schema)
 
 
 def test_token_chunks_cover_every_row_in_order_within_the_budget(world: World) -> None:
@@ -34,8 +40,15 @@ def test_token_chunks_cover_every_row_in_order_within_the_budget(world: World) -
 
 
 def test_recent_candidates_keep_each_users_latest_valid_request() -> None:
-    table = _candidates([("a", 1, 10 * DAY_MS, [7]), ("b", 1, 12 * DAY_MS, [8, 9]), ("c", 2, 5 * DAY_MS, [4]),
-                         ("bad", 2, 20 * DAY_MS, []), ("d", 3, 11 * DAY_MS, [5])])
+    table = _candidates(
+        [
+            ("a", 1, 10 * DAY_MS, [7]),
+            ("b", 1, 12 * DAY_MS, [8, 9]),
+            ("c", 2, 5 * DAY_MS, [4]),
+            ("bad", 2, 20 * DAY_MS, []),
+            ("d", 3, 11 * DAY_MS, [5]),
+        ]
+    )
     recent = RecentCandidates.from_table(table, ttl_s=86_400)
     assert recent.latest.column("request_id").to_pylist() == ["b", "c", "d"]  # the empty "bad" set is dropped
     last_event = np.array([12 * DAY_MS + 5, 7 * DAY_MS, 11 * DAY_MS - 1, 12 * DAY_MS])
@@ -51,15 +64,17 @@ def test_refresh_gives_the_batch_precompute_user_rows_and_each_users_own_waterma
     histories = world.histories
     refreshed = Refresher(model, model.model_version, token_budget=300).refresh(histories, computed_at_ms=123)
     batch = build_user_batch(HistoryIndex(histories), max_len=model.config.max_len)
-    expected = representation_table(model.represent(batch), model_version=model.model_version, watermark_ms=0,
-                                    computed_at_ms=123)
+    expected = representation_table(
+        model.represent(batch), model_version=model.model_version, watermark_ms=0, computed_at_ms=123
+    )
     assert refreshed.column("user_id").to_pylist() == expected.column("user_id").to_pylist()
     assert refreshed.column("ad_id").null_count == refreshed.num_rows
     got = np.asarray(refreshed.column("embedding").combine_chunks().flatten(), np.float32)
     want = np.asarray(expected.column("embedding").combine_chunks().flatten(), np.float32)
     np.testing.assert_allclose(got, want, atol=2e-3)
-    assert refreshed.column("history_watermark").equals(histories.column("last_event_time").cast(
-        refreshed.schema.field("history_watermark").type))
+    assert refreshed.column("history_watermark").equals(
+        histories.column("last_event_time").cast(refreshed.schema.field("history_watermark").type)
+    )
 
 
 def test_refresh_adds_pairs_for_users_with_a_recent_candidate_set(world: World) -> None:
@@ -67,13 +82,19 @@ def test_refresh_adds_pairs_for_users_with_a_recent_candidate_set(world: World) 
     histories = world.histories.slice(0, 20)
     users = histories.column("user_id").to_pylist()
     last = histories.column("last_event_time").cast(pa.int64()).to_pylist()
-    candidates = _candidates([("r0", users[0], last[0] - 1000, [2_000_000_001, 2_000_000_002]),
-                              ("r1", users[1], last[1] - 3 * DAY_MS, [2_000_000_003])])
+    candidates = _candidates(
+        [
+            ("r0", users[0], last[0] - 1000, [2_000_000_001, 2_000_000_002]),
+            ("r1", users[1], last[1] - 3 * DAY_MS, [2_000_000_003]),
+        ]
+    )
     recent = RecentCandidates.from_table(candidates, ttl_s=86_400)
     refreshed = Refresher(model, model.model_version, candidates=recent).refresh(histories, computed_at_ms=1)
     pairs = refreshed.filter(refreshed.column("ad_id").is_valid())
     assert sorted(zip(pairs.column("user_id").to_pylist(), pairs.column("ad_id").to_pylist(), strict=True)) == [
-        (users[0], 2_000_000_001), (users[0], 2_000_000_002)]
+        (users[0], 2_000_000_001),
+        (users[0], 2_000_000_002),
+    ]
     assert refreshed.num_rows == 20 + 2
 
 

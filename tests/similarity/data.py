@@ -36,25 +36,38 @@ def users(vectors: np.ndarray, *, version: str = VERSION, computed_at_ms: int = 
     return UserVectors(user_ids(n), vectors, np.full(n, computed_at_ms, np.int64), np.full(n, version, dtype=object))
 
 
-def rep_table(user: Sequence[int], ad: Sequence[int | None], embedding: np.ndarray, *,
-              computed_at_ms: int | Sequence[int] = T0_MS, version: str = VERSION) -> pa.Table:
+def rep_table(
+    user: Sequence[int],
+    ad: Sequence[int | None],
+    embedding: np.ndarray,
+    *,
+    computed_at_ms: int | Sequence[int] = T0_MS,
+    version: str = VERSION,
+) -> pa.Table:
     """A REPRESENTATION table with the given keys and ``embedding (N, D)`` (stored as float16)."""
     n, dim = embedding.shape
     at = np.broadcast_to(np.asarray(computed_at_ms, np.int64), (n,))
     flat = pa.array(embedding.astype(np.float16).reshape(-1), pa.float16())
-    return pa.Table.from_arrays([
-        pa.array(list(user), pa.int64()), pa.array(list(ad), pa.int64()),
-        pa.FixedSizeListArray.from_arrays(flat, dim), pa.nulls(n, pa.float32()),
-        pa.array(np.full(n, 0.1), pa.float32()), pa.array(np.full(n, 0.01), pa.float32()),
-        pa.array([version] * n, pa.string()),
-        pa.array(at - 60_000, pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
-        pa.array(at, pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
-    ], schema=representation_schema(dim))
+    return pa.Table.from_arrays(
+        [
+            pa.array(list(user), pa.int64()),
+            pa.array(list(ad), pa.int64()),
+            pa.FixedSizeListArray.from_arrays(flat, dim),
+            pa.nulls(n, pa.float32()),
+            pa.array(np.full(n, 0.1), pa.float32()),
+            pa.array(np.full(n, 0.01), pa.float32()),
+            pa.array([version] * n, pa.string()),
+            pa.array(at - 60_000, pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
+            pa.array(at, pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
+        ],
+        schema=representation_schema(dim),
+    )
 
 
 def write_representations(folder: Path, tables: Sequence[pa.Table]) -> Path:
     """``folder/representations/shard=NNNNN/part-00000.parquet``, one file per table (as precompute writes)."""
     for shard, table in enumerate(tables):
-        write_table(table, str(folder / "representations" / f"shard={shard:05d}" / "part-00000.parquet"),
-                    REPRESENTATION)
+        write_table(
+            table, str(folder / "representations" / f"shard={shard:05d}" / "part-00000.parquet"), REPRESENTATION
+        )
     return folder

@@ -25,10 +25,40 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from pipelines.model import GemConfig, GemModel, save_checkpoint
 
     root = tmp_path_factory.mktemp("fallback-world")
-    assert main(["generate", "--users", "300", "--days", "5", "--seed", "5", "--output", str(root / "events.parquet"),
-                 "--candidates", str(root / "candidates.parquet"), "--requests", "150"]) == 0
-    assert main(["features", "--input", str(root / "events.parquet"), "--output", str(root / "features"),
-                 "--num-shards", "2"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--users",
+                "300",
+                "--days",
+                "5",
+                "--seed",
+                "5",
+                "--output",
+                str(root / "events.parquet"),
+                "--candidates",
+                str(root / "candidates.parquet"),
+                "--requests",
+                "150",
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "features",
+                "--input",
+                str(root / "events.parquet"),
+                "--output",
+                str(root / "features"),
+                "--num-shards",
+                "2",
+            ]
+        )
+        == 0
+    )
     torch.manual_seed(0)
     config = GemConfig(d_model=16, num_heads=2, num_layers=2, max_len=48, block_size=16, representation_dim=8)
     save_checkpoint(GemModel(config), root / "model")
@@ -49,15 +79,33 @@ def test_click_head_split_reproduces_the_model(world: Path) -> None:
 
     q = PairQueries(col("user_id"), col("item_id"), col("advertiser_id"), col("item_category"), col("surface"))
     reps = pair_reps(model, HistoryIndex(histories), q, rows.column("event_time").cast(pa.int64()).to_numpy())
-    np.testing.assert_allclose(click_logits(model, reps.pair, q.surface), reps.click_logit,
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(click_logits(model, reps.pair, q.surface), reps.click_logit, rtol=1e-5, atol=1e-5)
 
 
 def test_evaluate_fallback_reports_every_path(world: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = world / "eval"
-    assert main(["evaluate-fallback", "--features", str(world / "features"), "--model", str(world / "model"),
-                 "--output", str(out), "--truth", str(world / "events.truth"), "--candidates",
-                 str(world / "candidates.parquet"), "--max-pairs", "600", "--k", "5"]) == 0
+    assert (
+        main(
+            [
+                "evaluate-fallback",
+                "--features",
+                str(world / "features"),
+                "--model",
+                str(world / "model"),
+                "--output",
+                str(out),
+                "--truth",
+                str(world / "events.truth"),
+                "--candidates",
+                str(world / "candidates.parquet"),
+                "--max-pairs",
+                "600",
+                "--k",
+                "5",
+            ]
+        )
+        == 0
+    )
     report = json.loads((out / "report.json").read_text())
     printed = capsys.readouterr().out
     assert "similar_users" in printed and "neighbours:" in printed and "request stream (policy)" in printed

@@ -88,8 +88,13 @@ def test_written_folder_loads_with_manifest_and_id_map(tmp_path: Path, data: np.
     built = build_index(users(data), BuildSpec(factory="IVF32,Flat"), source="here")
     write_built(built, tmp_path / "idx")
     manifest = read_manifest(tmp_path / "idx")
-    assert (manifest.model_version, manifest.dim, manifest.metric, manifest.factory, manifest.count) == \
-        (VERSION, DIM, "ip", "IVF32,Flat", len(data))
+    assert (manifest.model_version, manifest.dim, manifest.metric, manifest.factory, manifest.count) == (
+        VERSION,
+        DIM,
+        "ip",
+        "IVF32,Flat",
+        len(data),
+    )
     assert manifest.built_at.endswith("+00:00") and manifest.search_params.startswith("nprobe=")
     np.testing.assert_array_equal(read_id_map(tmp_path / "idx"), user_ids(len(data)))
     loaded = UserIndex.load(tmp_path / "idx", gpu="auto")
@@ -162,6 +167,7 @@ def test_gpu_auto_uses_the_gpu_copy_when_faiss_reports_one(monkeypatch: pytest.M
     calls: list[str] = []
     monkeypatch.setattr(ops.faiss, "StandardGpuResources", object, raising=False)
     monkeypatch.setattr(ops.faiss, "get_num_gpus", lambda: 1)
+
     def fake_to_gpu(index: object) -> object:
         calls.append("to_gpu")
         return index

@@ -49,8 +49,14 @@ def test_multi_shard_run_equals_single_shard(tmp_path: Path, reps: tuple[Path, n
     one = index(tmp_path, folder, "one", *flags)
     three = index(tmp_path, folder, "three", *flags, "--shards", "3")
     m1, m3 = read_manifest(one), read_manifest(three)
-    assert (m3.count, m3.dim, m3.model_version, m3.metric, m3.shards, m3.layout) == \
-        (USERS, DIM, VERSION, "ip", 3, "merged")
+    assert (m3.count, m3.dim, m3.model_version, m3.metric, m3.shards, m3.layout) == (
+        USERS,
+        DIM,
+        VERSION,
+        "ip",
+        3,
+        "merged",
+    )
     np.testing.assert_array_equal(read_id_map(three), np.arange(USERS))
     np.testing.assert_array_equal(read_vectors(three), vectors.astype(np.float16))  # newest rows won
     queries = clustered(50, DIM, seed=4)[:50]
@@ -69,21 +75,28 @@ def test_hnsw_shards_kept_as_a_sharded_index(tmp_path: Path, reps: tuple[Path, n
     assert (found.user_ids >= 0).all()
 
 
-def test_bad_inputs_fail_with_the_flag_named(tmp_path: Path, reps: tuple[Path, np.ndarray],
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_inputs_fail_with_the_flag_named(
+    tmp_path: Path, reps: tuple[Path, np.ndarray], capsys: pytest.CaptureFixture[str]
+) -> None:
     folder, _ = reps
     assert main(["index", "--representations", str(tmp_path / "nope"), "--output", str(tmp_path / "x")]) == 2
     assert "--representations" in capsys.readouterr().err
-    mixed = write_representations(tmp_path / "mixed", [
-        rep_table([1], [None], np.ones((1, DIM), np.float32)),
-        rep_table([2], [None], np.ones((1, DIM), np.float32), version="gem-other")])
+    mixed = write_representations(
+        tmp_path / "mixed",
+        [
+            rep_table([1], [None], np.ones((1, DIM), np.float32)),
+            rep_table([2], [None], np.ones((1, DIM), np.float32), version="gem-other"),
+        ],
+    )
     assert main(["index", "--representations", str(mixed), "--output", str(tmp_path / "y")]) == 2
     assert "2 model versions" in capsys.readouterr().err
     out = index(tmp_path, folder, "twice", "--factory", "Flat")
     assert main(["index", "--representations", str(folder), "--output", str(out)]) == 2
     assert "--overwrite" in capsys.readouterr().err
-    assert main(["index", "--representations", str(folder), "--output", str(tmp_path / "z"), "--factory",
-                 "IVF4096,Flat"]) == 2
+    assert (
+        main(["index", "--representations", str(folder), "--output", str(tmp_path / "z"), "--factory", "IVF4096,Flat"])
+        == 2
+    )
     assert "needs at least 4096 training vectors" in capsys.readouterr().err
 
 
@@ -93,19 +106,37 @@ def test_pairs_only_input_gives_an_empty_index(tmp_path: Path) -> None:
     assert read_manifest(out).count == 0 and len(UserIndex.load(out)) == 0
 
 
-def test_lookup_prints_each_path(tmp_path: Path, reps: tuple[Path, np.ndarray],
-                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_lookup_prints_each_path(
+    tmp_path: Path, reps: tuple[Path, np.ndarray], capsys: pytest.CaptureFixture[str]
+) -> None:
     folder, _ = reps
     out = index(tmp_path, folder, "for-lookup", "--factory", "Flat")
     near = int(UserIndex.load(out).neighbors(np.array([7]), 1).user_ids[0, 0])
     now = int(time.time() * 1000)
     store = LmdbStore(LmdbConfig(str(tmp_path / "store")))
-    store.write_batch(rep_table([7, 7, near], [1, 2, 3], np.ones((3, DIM), np.float32),
-                                computed_at_ms=[now - 60_000, now - 7_200_000, now - 60_000]))
+    store.write_batch(
+        rep_table(
+            [7, 7, near],
+            [1, 2, 3],
+            np.ones((3, DIM), np.float32),
+            computed_at_ms=[now - 60_000, now - 7_200_000, now - 60_000],
+        )
+    )
     store.close()
     capsys.readouterr()
-    args = ["lookup", "--store", f"lmdb://{tmp_path / 'store'}", "--index", str(out), "--user", "7",
-            "--ads", "1,2,3,4", "--max-age", "1h"]
+    args = [
+        "lookup",
+        "--store",
+        f"lmdb://{tmp_path / 'store'}",
+        "--index",
+        str(out),
+        "--user",
+        "7",
+        "--ads",
+        "1,2,3,4",
+        "--max-age",
+        "1h",
+    ]
     assert main([*args, "--json"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["path"] for r in rows] == ["exact", "same_user_pair", "similar_users", "none"]

@@ -22,8 +22,9 @@ def test_each_ad_takes_the_first_usable_path(seed: int, ads: int) -> None:
     age = rng.uniform(0, 200, ads)
     user_found, user_age = bool(rng.random() < 0.5), float(rng.uniform(0, 200))
     used = rng.integers(0, 5, ads)
-    path = pick_paths(CONFIG, pair_found=found, pair_age=age, user_found=user_found, user_age=user_age,
-                      neighbors_used=used)
+    path = pick_paths(
+        CONFIG, pair_found=found, pair_age=age, user_found=user_found, user_age=user_age, neighbors_used=used
+    )
     for j in range(ads):
         if found[j] and age[j] <= 10:
             want = FallbackPath.EXACT
@@ -40,8 +41,14 @@ def test_each_ad_takes_the_first_usable_path(seed: int, ads: int) -> None:
 
 def test_switched_off_paths_are_skipped() -> None:
     config = ResolverConfig(max_age_s=10.0, k=4, paths=("similar_users",))
-    path = pick_paths(config, pair_found=np.array([True, True]), pair_age=np.array([5.0, 50.0]), user_found=True,
-                      user_age=1.0, neighbors_used=np.array([0, 1]))
+    path = pick_paths(
+        config,
+        pair_found=np.array([True, True]),
+        pair_age=np.array([5.0, 50.0]),
+        user_found=True,
+        user_age=1.0,
+        neighbors_used=np.array([0, 1]),
+    )
     assert path.tolist() == [FallbackPath.EXACT, FallbackPath.SIMILAR_USERS]
 
 
@@ -61,33 +68,41 @@ def test_blend_is_the_similarity_weighted_mean_of_usable_neighbours(seed: int) -
         if w.sum() == 0:
             assert np.isnan(blend.embedding[j]).all() and np.isnan(blend.age_s[j])
             continue
-        np.testing.assert_allclose(blend.embedding[j], (w[:, None] * emb[:, j]).sum(0) / w.sum(), rtol=1e-4,
-                                   atol=1e-5)
+        np.testing.assert_allclose(blend.embedding[j], (w[:, None] * emb[:, j]).sum(0) / w.sum(), rtol=1e-4, atol=1e-5)
         assert blend.age_s[j] == pytest.approx(age[w > 0, j].max())
         assert blend.p_click[j] == pytest.approx(0.2)
 
 
 def test_blend_without_neighbours() -> None:
-    blend = blend_neighbors(np.zeros((0, 3, 4), np.float32), np.zeros((0, 3), bool), np.zeros(0, np.float32),
-                            np.zeros((0, 3)), np.zeros((0, 3), np.float32))
+    blend = blend_neighbors(
+        np.zeros((0, 3, 4), np.float32),
+        np.zeros((0, 3), bool),
+        np.zeros(0, np.float32),
+        np.zeros((0, 3)),
+        np.zeros((0, 3), np.float32),
+    )
     assert blend.used.tolist() == [0, 0, 0] and np.isnan(blend.embedding).all()
 
 
-@pytest.mark.parametrize("kwargs, flag", [
-    ({"max_age_s": 0}, "--max-age"),
-    ({"max_age_s": 100, "fallback_max_age_s": 10}, "--fallback-max-age"),
-    ({"k": 0}, "--k"),
-    ({"k": 2, "min_neighbors": 3}, "--k"),
-    ({"paths": ("exact_match",)}, "--paths"),
-])
+@pytest.mark.parametrize(
+    "kwargs, flag",
+    [
+        ({"max_age_s": 0}, "--max-age"),
+        ({"max_age_s": 100, "fallback_max_age_s": 10}, "--fallback-max-age"),
+        ({"k": 0}, "--k"),
+        ({"k": 2, "min_neighbors": 3}, "--k"),
+        ({"paths": ("exact_match",)}, "--paths"),
+    ],
+)
 def test_bad_resolver_config_names_the_flag(kwargs: dict, flag: str) -> None:
     with pytest.raises(ConfigError, match=flag):
         ResolverConfig(**kwargs)
 
 
 def test_metrics() -> None:
-    assert cosine_rows(np.array([[1.0, 0.0], [1.0, 1.0]]), np.array([[2.0, 0.0], [-1.0, -1.0]])).tolist() == \
-        pytest.approx([1.0, -1.0])
+    assert cosine_rows(
+        np.array([[1.0, 0.0], [1.0, 1.0]]), np.array([[2.0, 0.0], [-1.0, -1.0]])
+    ).tolist() == pytest.approx([1.0, -1.0])
     assert np.isnan(cosine_rows(np.zeros((1, 2)), np.ones((1, 2)))[0])
     assert gain_kept(0.7, 0.8, 0.6) == pytest.approx(0.5)
     assert np.isnan(gain_kept(0.7, 0.6, 0.6))

@@ -36,8 +36,9 @@ VECTORS = _vectors()
 
 @pytest.fixture(scope="module")
 def index() -> UserIndex:
-    users = UserVectors(np.arange(10, dtype=np.int64), VECTORS, np.zeros(10, np.int64),
-                        np.full(10, VERSION, dtype=object))
+    users = UserVectors(
+        np.arange(10, dtype=np.int64), VECTORS, np.zeros(10, np.int64), np.full(10, VERSION, dtype=object)
+    )
     return UserIndex.from_built(build_index(users, BuildSpec(factory="Flat")))
 
 
@@ -51,8 +52,7 @@ def emb(seed: int, n: int = 1) -> np.ndarray:
     return np.random.default_rng(seed).normal(size=(n, DIM)).astype(np.float16).astype(np.float32)
 
 
-def put(store: OnlineStore, user: int, ad: int | None, vector: np.ndarray, age_ms: int, version: str = VERSION
-        ) -> None:
+def put(store: OnlineStore, user: int, ad: int | None, vector: np.ndarray, age_ms: int, version: str = VERSION) -> None:
     store.write_batch(rep_table([user], [ad], vector.reshape(1, -1), computed_at_ms=T0_MS - age_ms, version=version))
 
 
@@ -118,8 +118,7 @@ def test_policy_order_and_switched_off_paths(store: OnlineStore, index: UserInde
     put(store, 0, None, emb(11), age_ms=HOUR_MS)
     put(store, int(index.neighbors(np.array([0]), 1).user_ids[0, 0]), 120, emb(12), age_ms=60_000)
     default = resolver(store, index).resolve(0, [120])
-    pairs_only = resolver(store, index, ResolverConfig(max_age_s=3_600, k=3, paths=("same_user_pair",
-                                                                                     "similar_users")))
+    pairs_only = resolver(store, index, ResolverConfig(max_age_s=3_600, k=3, paths=("same_user_pair", "similar_users")))
     assert default.path_names() == ["same_user"]  # user-level before neighbours, as the policy orders
     assert pairs_only.resolve(0, [120]).path_names() == ["similar_users"]
 
@@ -156,8 +155,9 @@ def test_store_dimension_mismatch_names_expected_and_actual(store: OnlineStore, 
         resolver(store, index).resolve(0, [160])
 
 
-def test_one_search_and_one_round_trip_per_request(store: OnlineStore, index: UserIndex,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_search_and_one_round_trip_per_request(
+    store: OnlineStore, index: UserIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ads = np.arange(1_000, 1_300)
     nearest = int(index.neighbors(np.array([0]), 1).user_ids[0, 0])
     store.write_batch(rep_table([nearest] * 150, ads[:150].tolist(), emb(17, 150), computed_at_ms=T0_MS))
@@ -181,15 +181,22 @@ def test_one_search_and_one_round_trip_per_request(store: OnlineStore, index: Us
     assert table.num_rows == 300 and table.column("embedding").null_count == 150
 
 
-def test_auto_neighbour_reads_give_the_same_answers(store: OnlineStore, index: UserIndex,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_neighbour_reads_give_the_same_answers(
+    store: OnlineStore, index: UserIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
     rng = np.random.default_rng(7)
     ads = np.arange(2_000, 2_060)
     for user in range(10):  # a random mix of fresh, stale and missing pairs; user-level rows for even users
         keep = rng.random(len(ads)) < 0.3
         ages = rng.choice([60_000, 2 * HOUR_MS, 30 * HOUR_MS], size=int(keep.sum()))
-        store.write_batch(rep_table([user] * int(keep.sum()), ads[keep].tolist(), emb(user, int(keep.sum())),
-                                    computed_at_ms=(T0_MS - ages).tolist()))
+        store.write_batch(
+            rep_table(
+                [user] * int(keep.sum()),
+                ads[keep].tolist(),
+                emb(user, int(keep.sum())),
+                computed_at_ms=(T0_MS - ages).tolist(),
+            )
+        )
         if user % 2 == 0:
             put(store, user, None, emb(100 + user), age_ms=HOUR_MS)
     auto = ResolverConfig(max_age_s=3_600, fallback_max_age_s=86_400, k=3, neighbor_reads="auto")
@@ -212,7 +219,8 @@ def test_auto_neighbour_reads_give_the_same_answers(store: OnlineStore, index: U
 
 
 def test_the_one_query_search_runs_on_one_omp_thread_and_restores_the_setting(
-        store: OnlineStore, index: UserIndex, monkeypatch: pytest.MonkeyPatch) -> None:
+    store: OnlineStore, index: UserIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
     seen: list[int] = []
     search = index.index.search
 

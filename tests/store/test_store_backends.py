@@ -24,8 +24,10 @@ def test_round_trip_returns_the_written_table(make_store: MakeStore) -> None:
     got = store.read_batch(grid(5, 4))
     assert got.found.all()
     assert _without_read_columns(got.to_arrow()).equals(table)
-    np.testing.assert_array_equal(got.embedding, table.column("embedding").combine_chunks()
-                                  .flatten().to_numpy().reshape(25, 64).astype(np.float32))
+    np.testing.assert_array_equal(
+        got.embedding,
+        table.column("embedding").combine_chunks().flatten().to_numpy().reshape(25, 64).astype(np.float32),
+    )
 
 
 def test_batch_read_keeps_request_order_and_reports_missing_keys(make_store: MakeStore) -> None:
@@ -107,8 +109,8 @@ def test_int8_encoding_quantises_floats_within_half_a_step(make_store: MakeStore
     got = store.read_batch(grid(3, 3))
     original = RepresentationArrays.from_arrow(table).values()
     assert (np.abs(got.embedding - original) <= got.embedding_scale[:, None] / 2 + 1e-6).all()
-    cosine = (got.embedding * original).sum(1) / np.linalg.norm(got.embedding, axis=1) / np.linalg.norm(
-        original, axis=1
+    cosine = (
+        (got.embedding * original).sum(1) / np.linalg.norm(got.embedding, axis=1) / np.linalg.norm(original, axis=1)
     )
     assert cosine.min() > 0.999
 
@@ -136,8 +138,7 @@ def test_float16_store_decodes_int8_input_to_its_values(make_store: MakeStore) -
 def test_newer_record_overwrites_and_older_is_skipped(make_store: MakeStore) -> None:
     store = make_store()
     store.write_batch(reps([(1, 10), (1, None)], computed_at_ms=T0_MS, seed=1, version="v1"))
-    report = store.write_batch(reps([(1, 10), (1, None)], computed_at_ms=[T0_MS + 1, T0_MS - 1], seed=2,
-                                    version="v2"))
+    report = store.write_batch(reps([(1, 10), (1, None)], computed_at_ms=[T0_MS + 1, T0_MS - 1], seed=2, version="v2"))
     assert (report.written, report.skipped_older) == (1, 1)
     got = store.read_batch([(1, 10), (1, None)])
     assert got.model_version.tolist() == ["v2", "v1"]
@@ -149,8 +150,7 @@ def test_newer_record_overwrites_and_older_is_skipped(make_store: MakeStore) -> 
 
 def test_duplicate_keys_in_one_batch_keep_the_newest(make_store: MakeStore) -> None:
     store = make_store()
-    table = reps([(1, 10), (1, 10), (1, 10)], computed_at_ms=[T0_MS + 5, T0_MS + 9, T0_MS + 1],
-                 version=["a", "b", "c"])
+    table = reps([(1, 10), (1, 10), (1, 10)], computed_at_ms=[T0_MS + 5, T0_MS + 9, T0_MS + 1], version=["a", "b", "c"])
     assert store.write_batch(table).written == 1
     assert store.read_batch([(1, 10)]).model_version.tolist() == ["b"]
 

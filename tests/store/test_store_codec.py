@@ -107,7 +107,10 @@ def test_decode_of_one_layout_keeps_request_order() -> None:
     assert decoded["int8"].tolist() == [False] * 3 and decoded["codes"].dtype == np.float16
     grouped = DecodedRecords([f16[2], _encode("int8", n=1)[0], f16[0]])  # mixed: decoded per layout
     assert sorted(zip(grouped.index.tolist(), grouped["computed_at_ms"].tolist(), strict=True)) == [
-        (0, T0_MS + 2), (1, T0_MS), (2, T0_MS)]
+        (0, T0_MS + 2),
+        (1, T0_MS),
+        (2, T0_MS),
+    ]
 
 
 def test_decode_same_length_other_layout_is_not_mistaken_for_one() -> None:
@@ -133,8 +136,9 @@ def test_arrays_from_arrow_check_the_columns() -> None:
     assert arrays.has_ad.tolist() == [True, False] and arrays.dim == 8
     with pytest.raises(LayoutError, match="lacks columns"):
         RepresentationArrays.from_arrow(table.drop_columns(["model_version"]))
-    nan = table.set_column(2, "embedding", pa.FixedSizeListArray.from_arrays(
-        pa.array([float("nan")] * 16, pa.float16()), 8))
+    nan = table.set_column(
+        2, "embedding", pa.FixedSizeListArray.from_arrays(pa.array([float("nan")] * 16, pa.float16()), 8)
+    )
     with pytest.raises(ValueError, match="NaN/inf"):
         RepresentationArrays.from_arrow(nan)
     empty_version = table.set_column(6, "model_version", pa.array(["v1", ""]))

@@ -21,8 +21,13 @@ from pipelines.store import (
 
 @pytest.mark.parametrize(
     ("uri", "path"),
-    [("lmdb:///abs/reps", "/abs/reps"), ("lmdb://out/reps", "out/reps"), ("out/reps", "out/reps"),
-     ("/abs/reps", "/abs/reps"), ("LMDB:out/reps?map_size_gb=2", "out/reps")],
+    [
+        ("lmdb:///abs/reps", "/abs/reps"),
+        ("lmdb://out/reps", "out/reps"),
+        ("out/reps", "out/reps"),
+        ("/abs/reps", "/abs/reps"),
+        ("LMDB:out/reps?map_size_gb=2", "out/reps"),
+    ],
 )
 def test_lmdb_uris(uri: str, path: str) -> None:
     spec = parse_store_uri(uri)
@@ -36,12 +41,16 @@ def test_options_in_the_uri() -> None:
     redis = parse_store_uri("redis://:pw@10.1.2.3:6380/2?namespace=exp7:&timeout=250ms&max_age=90")
     assert isinstance(redis.config, RedisConfig)
     assert (redis.config.url, redis.config.namespace, redis.config.timeout_s) == (
-        "redis://:pw@10.1.2.3:6380/2", "exp7:", 0.25)
+        "redis://:pw@10.1.2.3:6380/2",
+        "exp7:",
+        0.25,
+    )
     assert redis.options.max_age_s == 90
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("90s", 90), ("1.5m", 90), ("2h", 7200),
-                                               ("7d", 604800), ("250ms", 0.25)])
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("90", 90), ("90s", 90), ("1.5m", 90), ("2h", 7200), ("7d", 604800), ("250ms", 0.25)]
+)
 def test_durations(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
 

@@ -15,8 +15,9 @@ from tests.precompute.conftest import World
 
 
 def _config(world: World, store: Path, model: Path | None = None) -> StreamConfig:
-    return StreamConfig(topic="t", output="unused", group="g", model=str(model or world.model),
-                        store=f"lmdb://{store}", device="cpu")
+    return StreamConfig(
+        topic="t", output="unused", group="g", model=str(model or world.model), store=f"lmdb://{store}", device="cpu"
+    )
 
 
 def _histories(world: World) -> pa.Table:
@@ -36,8 +37,7 @@ def test_the_child_writes_what_the_in_process_refresh_writes(world: World, tmp_p
     refresh = RefreshProcess(_config(world, tmp_path / "child"))
     refresh(histories)
     open_refresh(_config(world, tmp_path / "here"))(histories)
-    np.testing.assert_allclose(_embeddings(tmp_path / "child", users), _embeddings(tmp_path / "here", users),
-                               atol=1e-6)
+    np.testing.assert_allclose(_embeddings(tmp_path / "child", users), _embeddings(tmp_path / "here", users), atol=1e-6)
 
 
 def test_a_bad_checkpoint_fails_the_start_with_the_childs_traceback(world: World, tmp_path: Path) -> None:

@@ -89,8 +89,9 @@ def _flushed(users: list[int], events: int, partition: int, offset: int) -> Shar
 
 
 def _users_and_sizes(histories: pa.Table) -> list[tuple[int, int]]:
-    return list(zip(histories.column("user_id").to_pylist(), histories.column("num_events_total").to_pylist(),
-                    strict=True))
+    return list(
+        zip(histories.column("user_id").to_pylist(), histories.column("num_events_total").to_pylist(), strict=True)
+    )
 
 
 def test_newest_rows_keeps_each_users_row_from_the_latest_flush() -> None:
@@ -130,14 +131,17 @@ def test_a_failed_refresh_fails_the_next_call_and_never_acknowledges() -> None:
     assert queue.finished() == []
 
 
-@pytest.mark.parametrize(("changes", "flag"), [
-    ({"model": "m"}, "--store"),
-    ({"store": "lmdb:///tmp/s"}, "--model"),
-    ({"candidates": ("c.parquet",)}, "--candidates"),
-    ({"model": "m", "store": "lmdb:///tmp/s", "candidate_ttl_s": 0}, "--candidate-ttl"),
-    ({"model": "m", "store": "lmdb:///tmp/s", "torch_threads": 0}, "--torch-threads"),
-    ({"model": "m", "store": "lmdb:///tmp/s", "device": "tpu"}, "--device"),
-])
+@pytest.mark.parametrize(
+    ("changes", "flag"),
+    [
+        ({"model": "m"}, "--store"),
+        ({"store": "lmdb:///tmp/s"}, "--model"),
+        ({"candidates": ("c.parquet",)}, "--candidates"),
+        ({"model": "m", "store": "lmdb:///tmp/s", "candidate_ttl_s": 0}, "--candidate-ttl"),
+        ({"model": "m", "store": "lmdb:///tmp/s", "torch_threads": 0}, "--torch-threads"),
+        ({"model": "m", "store": "lmdb:///tmp/s", "device": "tpu"}, "--device"),
+    ],
+)
 def test_a_bad_refresh_setting_names_its_flag(changes: dict, flag: str) -> None:
     from pipelines.errors import ConfigError
     from pipelines.streaming.job import StreamConfig

@@ -29,10 +29,33 @@ def _world(tmp_path: Path) -> tuple[list[bytes], Path, Path]:
     from pipelines.model import GemConfig, GemModel, save_checkpoint
 
     events, candidates = tmp_path / "events.jsonl", tmp_path / "candidates.parquet"
-    subprocess.run([sys.executable, "-m", "pipelines", "generate", "--users", "80", "--days", "2", "--seed", "31",
-                    "--output", str(events), "--candidates", str(candidates), "--requests", "60",
-                    "--bad-fraction", "0.01", "--duplicate-fraction", "0.03"],
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipelines",
+            "generate",
+            "--users",
+            "80",
+            "--days",
+            "2",
+            "--seed",
+            "31",
+            "--output",
+            str(events),
+            "--candidates",
+            str(candidates),
+            "--requests",
+            "60",
+            "--bad-fraction",
+            "0.01",
+            "--duplicate-fraction",
+            "0.03",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     torch.manual_seed(0)
     config = GemConfig(d_model=16, num_heads=2, num_layers=2, max_len=48, block_size=16, representation_dim=8)
     save_checkpoint(GemModel(config), tmp_path / "model")
@@ -55,18 +78,52 @@ def test_streamed_users_get_the_batch_precompute_representation_before_their_off
     topic, group = make_topic(2), f"g-{uuid.uuid4().hex[:8]}"
     produce(kafka, topic, lines, keys=_keyed(lines))
     out = tmp_path / "stream"
-    done = subprocess.run(_stream_cmd(topic, group, out, "--idle-exit", "3", "--model", str(model), "--store", store,
-                                      "--candidates", str(candidates), "--candidate-ttl", "3600"),
-                          capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        _stream_cmd(
+            topic,
+            group,
+            out,
+            "--idle-exit",
+            "3",
+            "--model",
+            str(model),
+            "--store",
+            store,
+            "--candidates",
+            str(candidates),
+            "--candidate-ttl",
+            "3600",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert sum(c or 0 for c in _committed(kafka, topic, group, 2)) == len(lines)
 
     # the same histories replayed in batch, then the batch precompute's user-level rows
     histories = _replay(topic, tmp_path / "batch")
     batch_reps = tmp_path / "reps"
-    subprocess.run([sys.executable, "-m", "pipelines", "precompute", "--features", str(tmp_path / "batch"),
-                    "--candidates", str(candidates), "--model", str(model), "--output", str(batch_reps),
-                    "--all-users"], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipelines",
+            "precompute",
+            "--features",
+            str(tmp_path / "batch"),
+            "--candidates",
+            str(candidates),
+            "--model",
+            str(model),
+            "--output",
+            str(batch_reps),
+            "--all-users",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     reps = pa.concat_tables(pq.read_table(f) for f in sorted((batch_reps / "representations").glob("*/*.parquet")))
     reps = reps.filter(reps.column("ad_id").is_null()).sort_by("user_id")
     users = reps.column("user_id").to_pylist()
@@ -86,8 +143,9 @@ def test_streamed_users_get_the_batch_precompute_representation_before_their_off
         latest[row["user_id"]] = row
     ttl = np.timedelta64(3600, "s").item()
     recent, stale = [], []
-    for user, last, events in zip(users, histories.column("last_event_time").to_pylist(),
-                                  histories.column("events").to_pylist(), strict=True):
+    for user, last, events in zip(
+        users, histories.column("last_event_time").to_pylist(), histories.column("events").to_pylist(), strict=True
+    ):
         if user in latest:
             request = latest[user]["request_time"]
             if request >= last - ttl:

@@ -41,8 +41,17 @@ def test_ledger_next_is_the_first_offset_not_yet_durable(start: int, count: int,
 
 
 def _events(rng: np.random.Generator, n: int, prefix: str) -> pa.Table:
-    return events_table([event(f"{prefix}{i}", int(rng.integers(0, 6)), int(rng.integers(0, 10_000)),
-                               event_type=int(rng.integers(0, 3))) for i in range(n)])
+    return events_table(
+        [
+            event(
+                f"{prefix}{i}",
+                int(rng.integers(0, 6)),
+                int(rng.integers(0, 10_000)),
+                event_type=int(rng.integers(0, 3)),
+            )
+            for i in range(n)
+        ]
+    )
 
 
 @settings(max_examples=25, deadline=None)
@@ -94,8 +103,17 @@ def test_cached_shard_state_follows_the_files_whoever_writes_them(tmp_path: Path
     state, files = states.load(out, 0)
     assert (state.num_rows, files) == (0, 0)
     clock = iter(range(1, 100))
-    for k, (writer, full) in enumerate([(states, False), (states, False), (other, False), (states, True),
-                                        (states, False), (other, True), (states, False)]):
+    for k, (writer, full) in enumerate(
+        [
+            (states, False),
+            (states, False),
+            (other, False),
+            (states, True),
+            (states, False),
+            (other, True),
+            (states, False),
+        ]
+    ):
         state, _ = writer.load(out, 0)
         merged = merge_shard(_events(rng, 15, f"w{k}-"), state, max_history=40)
         path = write_flush(merged.state if full else merged.changed, flush_path(out, 0, next(clock), full=full))

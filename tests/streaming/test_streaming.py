@@ -26,9 +26,29 @@ pytestmark = pytest.mark.integration
 
 def _generate(tmp_path: Path, users: int, seed: int) -> list[bytes]:
     events = tmp_path / f"events-{seed}.jsonl"
-    subprocess.run([sys.executable, "-m", "pipelines", "generate", "--users", str(users), "--days", "2", "--seed",
-                    str(seed), "--output", str(events), "--bad-fraction", "0.01", "--duplicate-fraction", "0.03"],
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipelines",
+            "generate",
+            "--users",
+            str(users),
+            "--days",
+            "2",
+            "--seed",
+            str(seed),
+            "--output",
+            str(events),
+            "--bad-fraction",
+            "0.01",
+            "--duplicate-fraction",
+            "0.03",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     return [raw for raw in events.read_bytes().splitlines() if raw.strip()]
 
 
@@ -39,14 +59,47 @@ def _keyed(lines: list[bytes]) -> list[bytes | None]:
 
 
 def _stream_cmd(topic: str, group: str, output: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "pipelines", "stream", "--topic", topic, "--group", group, "--output", str(output),
-            "--num-shards", "4", "--flush-interval", "0.3", "--bootstrap-servers", BOOTSTRAP, *extra]
+    return [
+        sys.executable,
+        "-m",
+        "pipelines",
+        "stream",
+        "--topic",
+        topic,
+        "--group",
+        group,
+        "--output",
+        str(output),
+        "--num-shards",
+        "4",
+        "--flush-interval",
+        "0.3",
+        "--bootstrap-servers",
+        BOOTSTRAP,
+        *extra,
+    ]
 
 
 def _replay(topic: str, output: Path) -> pa.Table:
-    subprocess.run([sys.executable, "-m", "pipelines", "replay", "--topic", topic, "--output", str(output),
-                    "--num-shards", "4", "--bootstrap-servers", BOOTSTRAP], check=True, capture_output=True,
-                   timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipelines",
+            "replay",
+            "--topic",
+            topic,
+            "--output",
+            str(output),
+            "--num-shards",
+            "4",
+            "--bootstrap-servers",
+            BOOTSTRAP,
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     tables = [pq.read_table(f) for f in sorted((output / "histories").glob("*/*.parquet"))]
     return pa.concat_tables(tables).sort_by("user_id")
 
@@ -92,8 +145,9 @@ def test_streaming_equals_replay_and_commits_everything(
 
 def _stream_to_idle(topic: str, group: str, out: Path) -> None:
     """Run the streaming job until the topic has been idle for 3 s; it must exit cleanly."""
-    done = subprocess.run(_stream_cmd(topic, group, out, "--idle-exit", "3"), capture_output=True, text=True,
-                          timeout=240)
+    done = subprocess.run(
+        _stream_cmd(topic, group, out, "--idle-exit", "3"), capture_output=True, text=True, timeout=240
+    )
     assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -117,8 +171,9 @@ class _HalfStreamed:
         return self.lines[len(self.lines) // 2 :]
 
 
-def _start_on_first_half(kafka: KafkaConnection, make_topic: MakeTopic, tmp_path: Path, *, users: int, seed: int,
-                         partitions: int) -> _HalfStreamed:
+def _start_on_first_half(
+    kafka: KafkaConnection, make_topic: MakeTopic, tmp_path: Path, *, users: int, seed: int, partitions: int
+) -> _HalfStreamed:
     """Generate ``users``' events, produce the first half to a new topic and start the streaming job on it in
     the background, in its own session (so a SIGKILL takes its Prism too). Its stderr goes to ``log``, a file
     rather than a pipe: a full pipe would block the job."""
@@ -127,8 +182,9 @@ def _start_on_first_half(kafka: KafkaConnection, make_topic: MakeTopic, tmp_path
     topic, group = make_topic(partitions), f"g-{uuid.uuid4().hex[:8]}"
     produce(kafka, topic, first, keys=_keyed(first))
     out, log = tmp_path / "stream", tmp_path / "stream.log"
-    job = subprocess.Popen(_stream_cmd(topic, group, out), stdout=subprocess.DEVNULL, stderr=log.open("wb"),
-                           start_new_session=True)
+    job = subprocess.Popen(
+        _stream_cmd(topic, group, out), stdout=subprocess.DEVNULL, stderr=log.open("wb"), start_new_session=True
+    )
     return _HalfStreamed(lines, topic, group, out, log, job)
 
 
@@ -137,6 +193,7 @@ def test_sigkill_mid_topic_then_restart_loses_and_duplicates_nothing(
 ) -> None:
     run = _start_on_first_half(kafka, make_topic, tmp_path, users=150, seed=22, partitions=3)
     lines, second, topic, group, out, log, job = run.lines, run.second, run.topic, run.group, run.out, run.log, run.job
+
     def produce_slowly() -> None:  # the second half trickles in over ~3 s, so the kill lands mid-topic
         for chunk in range(10):
             part = second[chunk::10]

@@ -56,8 +56,14 @@ class ReadFromKafka(beam.PTransform):
     reads exactly those offsets however often it is retried.
     """
 
-    def __init__(self, connection: KafkaConnection, ranges: Sequence[PartitionRange], *,
-                 backend: str = "kafka-python", max_batch: int = 20_000) -> None:
+    def __init__(
+        self,
+        connection: KafkaConnection,
+        ranges: Sequence[PartitionRange],
+        *,
+        backend: str = "kafka-python",
+        max_batch: int = 20_000,
+    ) -> None:
         super().__init__()
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")

@@ -49,11 +49,15 @@ class KafkaConnection:
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers or not all(_is_host_port(s) for s in self.bootstrap_servers):
-            raise ConfigError("--bootstrap-servers", f"got {','.join(self.bootstrap_servers)!r}",
-                              "pass host:port[,host:port...], e.g. 127.0.0.1:19092")
+            raise ConfigError(
+                "--bootstrap-servers",
+                f"got {','.join(self.bootstrap_servers)!r}",
+                "pass host:port[,host:port...], e.g. 127.0.0.1:19092",
+            )
         if self.security_protocol not in SECURITY_PROTOCOLS:
-            raise ConfigError("--security-protocol", f"got {self.security_protocol!r}",
-                              f"pass one of {', '.join(SECURITY_PROTOCOLS)}")
+            raise ConfigError(
+                "--security-protocol", f"got {self.security_protocol!r}", f"pass one of {', '.join(SECURITY_PROTOCOLS)}"
+            )
         self._check_sasl()
         self._check_tls()
 
@@ -61,31 +65,47 @@ class KafkaConnection:
         uses_sasl = self.security_protocol.startswith("SASL_")
         if not uses_sasl:
             if self.sasl_mechanism or self.sasl_username:
-                raise ConfigError("--sasl-mechanism", f"is set but --security-protocol is {self.security_protocol}",
-                                  "use --security-protocol SASL_PLAINTEXT or SASL_SSL, or drop the --sasl-* flags")
+                raise ConfigError(
+                    "--sasl-mechanism",
+                    f"is set but --security-protocol is {self.security_protocol}",
+                    "use --security-protocol SASL_PLAINTEXT or SASL_SSL, or drop the --sasl-* flags",
+                )
             return
         if self.sasl_mechanism not in SASL_MECHANISMS:
-            raise ConfigError("--sasl-mechanism", f"got {self.sasl_mechanism!r}",
-                              f"pass one of {', '.join(SASL_MECHANISMS)}")
+            raise ConfigError(
+                "--sasl-mechanism", f"got {self.sasl_mechanism!r}", f"pass one of {', '.join(SASL_MECHANISMS)}"
+            )
         if not self.sasl_username or self.sasl_password is None:
-            raise ConfigError("--sasl-username", "SASL needs a user name and a password",
-                              "pass --sasl-username and set GEM_KAFKA_SASL_PASSWORD (or --sasl-password)")
+            raise ConfigError(
+                "--sasl-username",
+                "SASL needs a user name and a password",
+                "pass --sasl-username and set GEM_KAFKA_SASL_PASSWORD (or --sasl-password)",
+            )
 
     def _check_tls(self) -> None:
         uses_tls = self.security_protocol in ("SSL", "SASL_SSL")
-        files = {"--ssl-cafile": self.ssl_cafile, "--ssl-certfile": self.ssl_certfile,
-                 "--ssl-keyfile": self.ssl_keyfile}
+        files = {
+            "--ssl-cafile": self.ssl_cafile,
+            "--ssl-certfile": self.ssl_certfile,
+            "--ssl-keyfile": self.ssl_keyfile,
+        }
         for flag, path in files.items():
             if path is None:
                 continue
             if not uses_tls:
-                raise ConfigError(flag, f"is set but --security-protocol is {self.security_protocol}",
-                                  "use --security-protocol SSL or SASL_SSL, or drop the --ssl-* flags")
+                raise ConfigError(
+                    flag,
+                    f"is set but --security-protocol is {self.security_protocol}",
+                    "use --security-protocol SSL or SASL_SSL, or drop the --ssl-* flags",
+                )
             if not Path(path).is_file():
                 raise ConfigError(flag, f"{path!r} is not a readable file", "give the path of a PEM file")
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
-            raise ConfigError("--ssl-keyfile", "a client certificate needs both a cert and a key",
-                              "pass both --ssl-certfile and --ssl-keyfile, or neither")
+            raise ConfigError(
+                "--ssl-keyfile",
+                "a client certificate needs both a cert and a key",
+                "pass both --ssl-certfile and --ssl-keyfile, or neither",
+            )
 
     @property
     def bootstrap(self) -> str:
@@ -99,22 +119,40 @@ class KafkaConnection:
             "client_id": self.client_id,
         }
         if self.sasl_mechanism:
-            kwargs.update(sasl_mechanism=self.sasl_mechanism, sasl_plain_username=self.sasl_username,
-                          sasl_plain_password=self.sasl_password)
+            kwargs.update(
+                sasl_mechanism=self.sasl_mechanism,
+                sasl_plain_username=self.sasl_username,
+                sasl_plain_password=self.sasl_password,
+            )
         if self.security_protocol in ("SSL", "SASL_SSL"):
-            kwargs.update(ssl_cafile=self.ssl_cafile, ssl_certfile=self.ssl_certfile, ssl_keyfile=self.ssl_keyfile,
-                          ssl_check_hostname=True)
+            kwargs.update(
+                ssl_cafile=self.ssl_cafile,
+                ssl_certfile=self.ssl_certfile,
+                ssl_keyfile=self.ssl_keyfile,
+                ssl_check_hostname=True,
+            )
         return kwargs
 
     def librdkafka(self) -> dict[str, str]:
         """Properties for librdkafka clients (confluent-kafka, ``kcat -X key=value``)."""
-        conf = {"bootstrap.servers": self.bootstrap, "security.protocol": self.security_protocol.lower(),
-                "client.id": self.client_id}
+        conf = {
+            "bootstrap.servers": self.bootstrap,
+            "security.protocol": self.security_protocol.lower(),
+            "client.id": self.client_id,
+        }
         if self.sasl_mechanism:
-            conf.update({"sasl.mechanism": self.sasl_mechanism, "sasl.username": self.sasl_username or "",
-                         "sasl.password": self.sasl_password or ""})
-        optional = {"ssl.ca.location": self.ssl_cafile, "ssl.certificate.location": self.ssl_certfile,
-                    "ssl.key.location": self.ssl_keyfile}
+            conf.update(
+                {
+                    "sasl.mechanism": self.sasl_mechanism,
+                    "sasl.username": self.sasl_username or "",
+                    "sasl.password": self.sasl_password or "",
+                }
+            )
+        optional = {
+            "ssl.ca.location": self.ssl_cafile,
+            "ssl.certificate.location": self.ssl_certfile,
+            "ssl.key.location": self.ssl_keyfile,
+        }
         conf.update({k: v for k, v in optional.items() if v})
         return conf
 
@@ -128,20 +166,37 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
     """The connection flags (defaults from ``GEM_KAFKA_*`` environment variables)."""
     env = os.environ.get
     group = parser.add_argument_group("Kafka connection (defaults: GEM_KAFKA_* environment variables)")
-    group.add_argument("--bootstrap-servers", default=env("GEM_KAFKA_BOOTSTRAP", DEFAULT_BOOTSTRAP),
-                       metavar="HOST:PORT[,...]", help="brokers to bootstrap from (default: %(default)s)")
-    group.add_argument("--security-protocol", default=env("GEM_KAFKA_SECURITY_PROTOCOL", "PLAINTEXT"),
-                       choices=SECURITY_PROTOCOLS, help="(default: %(default)s)")
+    group.add_argument(
+        "--bootstrap-servers",
+        default=env("GEM_KAFKA_BOOTSTRAP", DEFAULT_BOOTSTRAP),
+        metavar="HOST:PORT[,...]",
+        help="brokers to bootstrap from (default: %(default)s)",
+    )
+    group.add_argument(
+        "--security-protocol",
+        default=env("GEM_KAFKA_SECURITY_PROTOCOL", "PLAINTEXT"),
+        choices=SECURITY_PROTOCOLS,
+        help="(default: %(default)s)",
+    )
     group.add_argument("--sasl-mechanism", default=env("GEM_KAFKA_SASL_MECHANISM"), choices=SASL_MECHANISMS)
     group.add_argument("--sasl-username", default=env("GEM_KAFKA_SASL_USERNAME"))
-    group.add_argument("--sasl-password", default=None,
-                       help="prefer the GEM_KAFKA_SASL_PASSWORD environment variable (not shown in ps)")
-    group.add_argument("--ssl-cafile", default=env("GEM_KAFKA_SSL_CAFILE"), metavar="PEM",
-                       help="CA bundle that signed the brokers' certificates")
-    group.add_argument("--ssl-certfile", default=env("GEM_KAFKA_SSL_CERTFILE"), metavar="PEM",
-                       help="client certificate (mutual TLS)")
-    group.add_argument("--ssl-keyfile", default=env("GEM_KAFKA_SSL_KEYFILE"), metavar="PEM",
-                       help="client private key (mutual TLS)")
+    group.add_argument(
+        "--sasl-password",
+        default=None,
+        help="prefer the GEM_KAFKA_SASL_PASSWORD environment variable (not shown in ps)",
+    )
+    group.add_argument(
+        "--ssl-cafile",
+        default=env("GEM_KAFKA_SSL_CAFILE"),
+        metavar="PEM",
+        help="CA bundle that signed the brokers' certificates",
+    )
+    group.add_argument(
+        "--ssl-certfile", default=env("GEM_KAFKA_SSL_CERTFILE"), metavar="PEM", help="client certificate (mutual TLS)"
+    )
+    group.add_argument(
+        "--ssl-keyfile", default=env("GEM_KAFKA_SSL_KEYFILE"), metavar="PEM", help="client private key (mutual TLS)"
+    )
 
 
 def connection_from_args(args: argparse.Namespace) -> KafkaConnection:

@@ -164,8 +164,10 @@ class _Stall:
     def check(self, position: int) -> None:
         if self._clock() - self._since > self._limit:
             p = self._part
-            raise KafkaReadError(f"{p.topic}/{p.partition}: no progress at offset {position} of "
-                                 f"[{p.start}, {p.stop}) for {self._limit:.0f} s (broker reachable?)")
+            raise KafkaReadError(
+                f"{p.topic}/{p.partition}: no progress at offset {position} of "
+                f"[{p.start}, {p.stop}) for {self._limit:.0f} s (broker reachable?)"
+            )
 
 
 class KafkaPythonFetcher:
@@ -176,9 +178,16 @@ class KafkaPythonFetcher:
     pass without progress; an offset no longer in the log is a :class:`KafkaReadError`.
     """
 
-    def __init__(self, connection: KafkaConnection, *, max_batch: int = 20_000, stall_s: float = DEFAULT_STALL_S,
-                 clock: Callable[[], float] = time.monotonic, partition_bytes: int = 4 << 20,
-                 timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        connection: KafkaConnection,
+        *,
+        max_batch: int = 20_000,
+        stall_s: float = DEFAULT_STALL_S,
+        clock: Callable[[], float] = time.monotonic,
+        partition_bytes: int = 4 << 20,
+        timeout_s: float = 30.0,
+    ) -> None:
         from kafka.net.compat import KafkaNetClient
 
         keep_large_buffers()  # each response passes through several buffers of its size
@@ -186,8 +195,9 @@ class KafkaPythonFetcher:
         # One attempt never outlasts the stall limit, so an unreachable broker fails in about stall_s.
         self._partition_bytes, self._timeout_ms = partition_bytes, int(min(timeout_s, stall_s) * 1000)
         # A batch bigger than partition_bytes still comes whole (up to the broker's message.max.bytes).
-        self._client = KafkaNetClient(**connection.kafka_python(),
-                                      receive_message_max_bytes=partition_bytes + (64 << 20))
+        self._client = KafkaNetClient(
+            **connection.kafka_python(), receive_message_max_bytes=partition_bytes + (64 << 20)
+        )
         self._topics: set[str] = set()
 
     def fetch(self, part: PartitionRange) -> Iterator[MessageBatch]:
@@ -220,12 +230,32 @@ class KafkaPythonFetcher:
         from kafka.errors import for_code
         from kafka.protocol.consumer.fetch import FetchRequest
 
-        topic = FetchRequest.FetchTopic(topic=part.topic, partitions=[FetchRequest.FetchTopic.FetchPartition(
-            partition=part.partition, current_leader_epoch=-1, fetch_offset=position, last_fetched_epoch=-1,
-            log_start_offset=-1, partition_max_bytes=self._partition_bytes)])
-        request = FetchRequest(max_wait_ms=_FETCH_WAIT_MS, min_bytes=1, max_bytes=self._partition_bytes,
-                               isolation_level=0, session_id=0, session_epoch=-1, topics=[topic],
-                               forgotten_topics_data=[], rack_id="", min_version=4, max_version=12)
+        topic = FetchRequest.FetchTopic(
+            topic=part.topic,
+            partitions=[
+                FetchRequest.FetchTopic.FetchPartition(
+                    partition=part.partition,
+                    current_leader_epoch=-1,
+                    fetch_offset=position,
+                    last_fetched_epoch=-1,
+                    log_start_offset=-1,
+                    partition_max_bytes=self._partition_bytes,
+                )
+            ],
+        )
+        request = FetchRequest(
+            max_wait_ms=_FETCH_WAIT_MS,
+            min_bytes=1,
+            max_bytes=self._partition_bytes,
+            isolation_level=0,
+            session_id=0,
+            session_epoch=-1,
+            topics=[topic],
+            forgotten_topics_data=[],
+            rack_id="",
+            min_version=4,
+            max_version=12,
+        )
         response = self._client.send_and_receive(self._leader(part), request, timeout_ms=self._timeout_ms)
         [answer] = [p for t in response.responses for p in t.partitions]
         if answer.error_code:
@@ -266,13 +296,20 @@ class PartitionPoller:
 
         self._max_batch = max_batch
         self._consumer = KafkaConsumer(
-            **connection.kafka_python(), group_id=None, enable_auto_commit=False, check_crcs=False,
-            fetch_min_bytes=1, fetch_max_wait_ms=50, max_poll_records=max_batch, auto_offset_reset="earliest",
+            **connection.kafka_python(),
+            group_id=None,
+            enable_auto_commit=False,
+            check_crcs=False,
+            fetch_min_bytes=1,
+            fetch_max_wait_ms=50,
+            max_poll_records=max_batch,
+            auto_offset_reset="earliest",
         )
         self._assigned: Any = None
 
-    def poll(self, topic: str, partition: int, position: int, timeout_s: float = 0.2) -> tuple[MessageBatch | None,
-                                                                                               int]:
+    def poll(
+        self, topic: str, partition: int, position: int, timeout_s: float = 0.2
+    ) -> tuple[MessageBatch | None, int]:
         """A retriable error (the broker away, a leader moving) reads as "nothing now": the caller polls again.
 
         kafka-python 3.0 raises them from ``position()`` and ``poll()`` when an offset validation it runs
@@ -305,8 +342,9 @@ class PartitionPoller:
         if not records:
             return None, after
         values = [r.value if r.value is not None else b"" for r in records]
-        batch = MessageBatch(topic, partition, np.asarray([r.offset for r in records], dtype=np.int64),
-                             Payloads.from_list(values))
+        batch = MessageBatch(
+            topic, partition, np.asarray([r.offset for r in records], dtype=np.int64), Payloads.from_list(values)
+        )
         return batch, max(after, int(batch.offsets[-1]) + 1)
 
     def close(self) -> None:
@@ -317,27 +355,43 @@ class ConfluentFetcher:
     """confluent-kafka (librdkafka) consumer: the optional backend, same batches (slower into Arrow than the
     kafka-python fetcher, which makes no Python object per message; its sink is the fast one)."""
 
-    def __init__(self, connection: KafkaConnection, *, max_batch: int = 20_000, stall_s: float = DEFAULT_STALL_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        connection: KafkaConnection,
+        *,
+        max_batch: int = 20_000,
+        stall_s: float = DEFAULT_STALL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         try:
             from confluent_kafka import Consumer
         except ImportError as exc:
-            raise ConfigError("--kafka-backend", "confluent needs the confluent-kafka package",
-                              "pip install -e '.[kafka-fast]' or use --kafka-backend kafka-python") from exc
-        conf: dict[str, Any] = {**connection.librdkafka(), "group.id": "gem-pipelines-reader",
-                                "enable.auto.commit": False, "enable.auto.offset.store": False,
-                                # An offset gone from the log is an error, never a jump to either end.
-                                "auto.offset.reset": "error",
-                                "enable.partition.eof": True, "fetch.max.bytes": 64 << 20,
-                                "max.partition.fetch.bytes": 8 << 20, "check.crcs": False,
-                                # Prefetch is bounded by bytes only: with the default queued.min.messages
-                                # (100k) librdkafka stopped fetching whenever the reader was 100k behind
-                                # ("Fetch backoff for 1000ms: Local: Queue full") and consume() sat idle
-                                # for ~0.9 s twice per 0.3M messages in a lab run.
-                                "queued.min.messages": 10_000_000, "queued.max.messages.kbytes": 64 << 10,
-                                "fetch.queue.backoff.ms": 5,
-                                # No long poll at the log end: it would hold up the fetch for the next range.
-                                "fetch.wait.max.ms": 10}
+            raise ConfigError(
+                "--kafka-backend",
+                "confluent needs the confluent-kafka package",
+                "pip install -e '.[kafka-fast]' or use --kafka-backend kafka-python",
+            ) from exc
+        conf: dict[str, Any] = {
+            **connection.librdkafka(),
+            "group.id": "gem-pipelines-reader",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            # An offset gone from the log is an error, never a jump to either end.
+            "auto.offset.reset": "error",
+            "enable.partition.eof": True,
+            "fetch.max.bytes": 64 << 20,
+            "max.partition.fetch.bytes": 8 << 20,
+            "check.crcs": False,
+            # Prefetch is bounded by bytes only: with the default queued.min.messages
+            # (100k) librdkafka stopped fetching whenever the reader was 100k behind
+            # ("Fetch backoff for 1000ms: Local: Queue full") and consume() sat idle
+            # for ~0.9 s twice per 0.3M messages in a lab run.
+            "queued.min.messages": 10_000_000,
+            "queued.max.messages.kbytes": 64 << 10,
+            "fetch.queue.backoff.ms": 5,
+            # No long poll at the log end: it would hold up the fetch for the next range.
+            "fetch.wait.max.ms": 10,
+        }
         self._consumer = Consumer(conf)
         self._max_batch, self._stall_s, self._clock = max_batch, stall_s, clock
 
@@ -400,8 +454,12 @@ class KafkaPythonLookup:
         from kafka import KafkaConsumer
 
         self._timeout_ms = int(timeout_s * 1000)
-        self._consumer = KafkaConsumer(**connection.kafka_python(), group_id=None, enable_auto_commit=False,
-                                       request_timeout_ms=max(self._timeout_ms, 31_000))
+        self._consumer = KafkaConsumer(
+            **connection.kafka_python(),
+            group_id=None,
+            enable_auto_commit=False,
+            request_timeout_ms=max(self._timeout_ms, 31_000),
+        )
 
     def partitions(self, topic: str) -> Sequence[int]:
         return sorted(self._consumer.partitions_for_topic(topic) or ())
@@ -417,8 +475,9 @@ class KafkaPythonLookup:
     def offsets_at(self, topic: str, partitions: Sequence[int], time_ms: int) -> Mapping[int, int | None]:
         from kafka import TopicPartition
 
-        found = self._consumer.offsets_for_times({TopicPartition(topic, p): time_ms for p in partitions},
-                                                 timeout_ms=self._timeout_ms)
+        found = self._consumer.offsets_for_times(
+            {TopicPartition(topic, p): time_ms for p in partitions}, timeout_ms=self._timeout_ms
+        )
         return {tp.partition: (None if hit is None else int(hit.offset)) for tp, hit in found.items()}
 
     def close(self) -> None:
@@ -432,5 +491,8 @@ def open_lookup(connection: KafkaConnection) -> KafkaPythonLookup:
     try:
         return KafkaPythonLookup(connection)
     except KafkaError as exc:
-        raise ConfigError("--bootstrap-servers", f"cannot reach Kafka at {connection.bootstrap} ({exc})",
-                          "start the project's broker with make kafka-up, or point at a running cluster") from exc
+        raise ConfigError(
+            "--bootstrap-servers",
+            f"cannot reach Kafka at {connection.bootstrap} ({exc})",
+            "start the project's broker with make kafka-up, or point at a running cluster",
+        ) from exc

@@ -47,8 +47,11 @@ def _times_as_ms(dtype: pa.DataType) -> pa.DataType:
 def _ms(table: pa.Table) -> pa.Table:
     for name in table.column_names:
         if pa.types.is_timestamp(table.schema.field(name).type):
-            table = table.set_column(table.schema.get_field_index(name), name,
-                                     table.column(name).cast(pa.timestamp("ms", tz="UTC")).cast(pa.int64()))
+            table = table.set_column(
+                table.schema.get_field_index(name),
+                name,
+                table.column(name).cast(pa.timestamp("ms", tz="UTC")).cast(pa.int64()),
+            )
     schema = pa.schema([f.with_type(_times_as_ms(f.type)) for f in table.schema])
     return table.cast(schema)
 

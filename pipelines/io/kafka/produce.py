@@ -24,8 +24,15 @@ from pipelines.errors import ConfigError, InputNotFoundError, PipelinesError
 from pipelines.io.kafka.config import KafkaConnection
 from pipelines.io.kafka.encode import events_to_wire
 
-__all__ = ["DeliveryError", "KafkaSink", "delete_topics", "ensure_topic", "file_messages", "open_sink",
-           "topic_partitions"]
+__all__ = [
+    "DeliveryError",
+    "KafkaSink",
+    "delete_topics",
+    "ensure_topic",
+    "file_messages",
+    "open_sink",
+    "topic_partitions",
+]
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +47,27 @@ class DeliveryError(PipelinesError):
 class KafkaSink:
     """A producer whose :meth:`flush` proves delivery (acks=all, idempotent)."""
 
-    def __init__(self, connection: KafkaConnection, topic: str, *, linger_ms: int = 50,
-                 batch_bytes: int = 1 << 20, compression: str | None = None, max_block_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        connection: KafkaConnection,
+        topic: str,
+        *,
+        linger_ms: int = 50,
+        batch_bytes: int = 1 << 20,
+        compression: str | None = None,
+        max_block_s: float = 60.0,
+    ) -> None:
         from kafka import KafkaProducer
 
         self.topic = topic
         self._producer = KafkaProducer(
-            **connection.kafka_python(), acks="all", enable_idempotence=True, linger_ms=linger_ms,
-            batch_size=batch_bytes, compression_type=compression, max_request_size=8 << 20,
+            **connection.kafka_python(),
+            acks="all",
+            enable_idempotence=True,
+            linger_ms=linger_ms,
+            batch_size=batch_bytes,
+            compression_type=compression,
+            max_request_size=8 << 20,
             max_block_ms=int(max_block_s * 1000),
         )
         self._lock = threading.Lock()
@@ -85,8 +105,9 @@ class KafkaSink:
         if errors:
             raise DeliveryError(f"{len(errors)} of {self._sent} messages to {self.topic!r} failed: {errors[0]!r}")
         if acked != self._sent:
-            raise DeliveryError(f"only {acked} of {self._sent} messages to {self.topic!r} acknowledged "
-                                f"within {timeout_s:.0f} s")
+            raise DeliveryError(
+                f"only {acked} of {self._sent} messages to {self.topic!r} acknowledged within {timeout_s:.0f} s"
+            )
         return acked
 
     def close(self) -> None:
@@ -100,12 +121,22 @@ class ConfluentSink:
         try:
             from confluent_kafka import Producer
         except ImportError as exc:
-            raise ConfigError("--kafka-backend", "confluent needs the confluent-kafka package",
-                              "pip install -e '.[kafka-fast]' or use --kafka-backend kafka-python") from exc
+            raise ConfigError(
+                "--kafka-backend",
+                "confluent needs the confluent-kafka package",
+                "pip install -e '.[kafka-fast]' or use --kafka-backend kafka-python",
+            ) from exc
         self.topic = topic
-        self._producer = Producer({**connection.librdkafka(), "acks": "all", "enable.idempotence": True,
-                                   "linger.ms": linger_ms, "queue.buffering.max.messages": 1_000_000,
-                                   "partitioner": "murmur2_random"})  # the Java client's, as kafka-python
+        self._producer = Producer(
+            {
+                **connection.librdkafka(),
+                "acks": "all",
+                "enable.idempotence": True,
+                "linger.ms": linger_ms,
+                "queue.buffering.max.messages": 1_000_000,
+                "partitioner": "murmur2_random",
+            }
+        )  # the Java client's, as kafka-python
         self._sent = self._acked = 0
         self._errors: list[object] = []
 
@@ -118,8 +149,13 @@ class ConfluentSink:
     def send(self, value: bytes, key: bytes | None = None, partition: int | None = None) -> None:
         while True:
             try:
-                self._producer.produce(self.topic, value=value, key=key, on_delivery=self._report,
-                                       partition=-1 if partition is None else partition)
+                self._producer.produce(
+                    self.topic,
+                    value=value,
+                    key=key,
+                    on_delivery=self._report,
+                    partition=-1 if partition is None else partition,
+                )
                 break
             except BufferError:
                 self._producer.poll(0.05)
@@ -133,11 +169,13 @@ class ConfluentSink:
     def flush(self, timeout_s: float = 120.0) -> int:
         self._producer.flush(timeout_s)
         if self._errors:
-            raise DeliveryError(f"{len(self._errors)} of {self._sent} messages to {self.topic!r} failed: "
-                                f"{self._errors[0]!r}")
+            raise DeliveryError(
+                f"{len(self._errors)} of {self._sent} messages to {self.topic!r} failed: {self._errors[0]!r}"
+            )
         if self._acked != self._sent:
-            raise DeliveryError(f"only {self._acked} of {self._sent} messages to {self.topic!r} acknowledged "
-                                f"within {timeout_s:.0f} s")
+            raise DeliveryError(
+                f"only {self._acked} of {self._sent} messages to {self.topic!r} acknowledged within {timeout_s:.0f} s"
+            )
         return self._acked
 
     def close(self) -> None:
@@ -164,8 +202,14 @@ def topic_partitions(connection: KafkaConnection, topic: str) -> int:
         consumer.close()
 
 
-def ensure_topic(connection: KafkaConnection, topic: str, partitions: int, replication: int = 1, *,
-                 configs: Mapping[str, str] | None = None) -> bool:
+def ensure_topic(
+    connection: KafkaConnection,
+    topic: str,
+    partitions: int,
+    replication: int = 1,
+    *,
+    configs: Mapping[str, str] | None = None,
+) -> bool:
     """Create ``topic`` (with topic-level ``configs``) unless it exists; True when it was created."""
     from kafka.admin import KafkaAdminClient, NewTopic
     from kafka.errors import TopicAlreadyExistsError
@@ -174,8 +218,9 @@ def ensure_topic(connection: KafkaConnection, topic: str, partitions: int, repli
         raise ConfigError("--partitions", f"got {partitions}", "pass a value >= 1")
     admin = KafkaAdminClient(**connection.kafka_python())
     try:
-        admin.create_topics([NewTopic(topic, partitions, replication, topic_configs=dict(configs or {}))],
-                            wait_for_metadata=True)
+        admin.create_topics(
+            [NewTopic(topic, partitions, replication, topic_configs=dict(configs or {}))], wait_for_metadata=True
+        )
         return True
     except TopicAlreadyExistsError:
         return False

@@ -46,8 +46,11 @@ class Position:
         except ValueError:
             moment = None
         if moment is None or (moment.tzinfo is None and "T" in text.upper()):
-            raise ConfigError(flag, f"{text!r} is neither an offset nor an ISO-8601 time with a timezone",
-                              "pass an integer offset, earliest, latest, or e.g. 2026-05-01T00:00:00Z")
+            raise ConfigError(
+                flag,
+                f"{text!r} is neither an offset nor an ISO-8601 time with a timezone",
+                "pass an integer offset, earliest, latest, or e.g. 2026-05-01T00:00:00Z",
+            )
         if moment.tzinfo is None:
             moment = moment.replace(tzinfo=UTC)
         return cls("time", int(moment.timestamp() * 1000))
@@ -85,8 +88,9 @@ class OffsetLookup(Protocol):
         ...
 
 
-def _offsets(position: Position, lookup: OffsetLookup, topic: str,
-             bounds: Mapping[int, tuple[int, int]]) -> dict[int, int]:
+def _offsets(
+    position: Position, lookup: OffsetLookup, topic: str, bounds: Mapping[int, tuple[int, int]]
+) -> dict[int, int]:
     parts = sorted(bounds)
     if position.kind == "earliest":
         return {p: bounds[p][0] for p in parts}
@@ -104,8 +108,11 @@ def resolve_ranges(
     """One range per partition (empty ones included, so a summary can show them)."""
     known = sorted(lookup.partitions(topic))
     if not known:
-        raise ConfigError("--topic", f"topic {topic!r} does not exist or has no partitions",
-                          "check the name (python -m pipelines produce creates topics)")
+        raise ConfigError(
+            "--topic",
+            f"topic {topic!r} does not exist or has no partitions",
+            "check the name (python -m pipelines produce creates topics)",
+        )
     chosen = known if partitions is None else sorted(set(partitions))
     missing = sorted(set(chosen) - set(known))
     if missing:

@@ -152,8 +152,9 @@ class _Bounds(NamedTuple):  # a NamedTuple: one per batch, and a frozen dataclas
     counts: list[int]
 
 
-def _bounds(buffer: bytes, raw: np.ndarray, closers: np.ndarray | None, begin: int, end: int, base: int,
-            count: int) -> _Bounds:
+def _bounds(
+    buffer: bytes, raw: np.ndarray, closers: np.ndarray | None, begin: int, end: int, base: int, count: int
+) -> _Bounds:
     """The ``count`` records laid in ``buffer[begin:end]``: guessed when ``closers`` are given, else walked."""
     found = _guess(raw, closers, begin, end, count) if closers is not None else None
     bodies, sizes = found or _walk(buffer, begin, end, count)
@@ -170,9 +171,16 @@ def _merged(pieces: list[_Bounds | _Segment]) -> list[_Bounds | _Segment]:
             merged += run
             continue
         bounds = cast(list[_Bounds], run)  # the group key holds the type
-        merged.append(_Bounds(bounds[0].buffer, bounds[0].raw, [x for b in bounds for x in b.bodies],
-                              [x for b in bounds for x in b.sizes], [x for b in bounds for x in b.bases],
-                              [x for b in bounds for x in b.counts]))
+        merged.append(
+            _Bounds(
+                bounds[0].buffer,
+                bounds[0].raw,
+                [x for b in bounds for x in b.bodies],
+                [x for b in bounds for x in b.sizes],
+                [x for b in bounds for x in b.bases],
+                [x for b in bounds for x in b.counts],
+            )
+        )
     return merged
 
 
@@ -200,8 +208,9 @@ def _fields(bounds: _Bounds) -> _Segment:
     return _Segment(bounds.buffer, np.repeat(bounds.bases, bounds.counts) + offset_delta, at, value_length)
 
 
-def _guess(raw: np.ndarray, closers: np.ndarray, begin: int, end: int,
-           count: int) -> tuple[np.ndarray, np.ndarray] | None:
+def _guess(
+    raw: np.ndarray, closers: np.ndarray, begin: int, end: int, count: int
+) -> tuple[np.ndarray, np.ndarray] | None:
     """(bodies, sizes) of the records if each ends with ``}`` + a zero header count, else None."""
     ends = closers[np.searchsorted(closers, begin) : np.searchsorted(closers, end - 1)] + 2
     if len(ends) != count or ends[-1] != end:
@@ -285,8 +294,12 @@ def _payloads(segment: _Segment) -> Payloads:
 
 
 #: Compression codec id → (kafka-python's name for it, what it needs installed).
-_CODECS = {1: ("gzip", "a Python built with zlib"), 2: ("snappy", "pip install python-snappy"),
-           3: ("lz4", "pip install lz4"), 4: ("zstd", "pip install zstandard")}
+_CODECS = {
+    1: ("gzip", "a Python built with zlib"),
+    2: ("snappy", "pip install python-snappy"),
+    3: ("lz4", "pip install lz4"),
+    4: ("zstd", "pip install zstandard"),
+}
 
 
 def _inflate(codec: int, data: bytes) -> bytes:

@@ -35,8 +35,9 @@ class TargetRate:
         hit = self.keys[pos] == keys if len(self.keys) else np.zeros(len(keys), bool)
         return pos, hit
 
-    def rate(self, keys: np.ndarray, own_labels: np.ndarray | None = None, own_weights: np.ndarray | float = 1.0
-             ) -> np.ndarray:
+    def rate(
+        self, keys: np.ndarray, own_labels: np.ndarray | None = None, own_weights: np.ndarray | float = 1.0
+    ) -> np.ndarray:
         """Smoothed rate per key; with ``own_labels`` each row's own (weighted) label is left out."""
         pos, hit = self._find(keys)
         sums = np.where(hit, self.sums[pos], 0.0)
@@ -57,8 +58,11 @@ def _prefix_counts(examples: ExampleSet) -> dict[str, np.ndarray]:
     start = index.offsets[np.maximum(examples.rows, 0)]
     end = start + np.where(examples.rows >= 0, examples.ends, 0)
     out: dict[str, np.ndarray] = {}
-    for name, mask in (("impressions", event_type == IMPRESSION), ("clicks", event_type == CLICK),
-                       ("conversions", np.isin(event_type, CONVERSION_CODES))):
+    for name, mask in (
+        ("impressions", event_type == IMPRESSION),
+        ("clicks", event_type == CLICK),
+        ("conversions", np.isin(event_type, CONVERSION_CODES)),
+    ):
         cumulative = np.concatenate([[0], np.cumsum(mask)])
         out[name] = (cumulative[end] - cumulative[start]).astype(np.float64)
     last = np.where(end > start, index.event_time[np.maximum(end - 1, 0)], examples.request_ms - 10**10)
@@ -88,21 +92,29 @@ class CountFeatures:
 
     def matrix(self, examples: ExampleSet, train: bool) -> np.ndarray:
         f, counts = examples.fields, _prefix_counts(examples)
-        columns = [np.log1p(f["history_length"]), np.log1p(counts["impressions"]), np.log1p(counts["clicks"]),
-                   np.log1p(counts["conversions"]), (counts["clicks"] + 1) / (counts["impressions"] + 10),
-                   counts["recency"], f["target_is_ad"].astype(np.float64)]
+        columns = [
+            np.log1p(f["history_length"]),
+            np.log1p(counts["impressions"]),
+            np.log1p(counts["clicks"]),
+            np.log1p(counts["conversions"]),
+            (counts["clicks"] + 1) / (counts["impressions"] + 10),
+            counts["recency"],
+            f["target_is_ad"].astype(np.float64),
+        ]
         for (key, task), rate in self.rates.items():
             columns.append(rate.rate(f[key], f[task] if train else None, self.weights))
             if task == "clicked":
                 own = self.weights if train else False
                 columns.append(np.log1p(np.maximum(rate.count(f[key], leave_one_out=own), 0)))
         dense = np.stack(columns, axis=1)
-        return np.concatenate([dense, _one_hot(f["request_surface"], len(SURFACES)),
-                               _one_hot(f["device"], len(DEVICES))], axis=1)
+        return np.concatenate(
+            [dense, _one_hot(f["request_surface"], len(SURFACES)), _one_hot(f["device"], len(DEVICES))], axis=1
+        )
 
 
-def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float = 1e-4, steps: int = 200,
-                 sample_weight: np.ndarray | None = None) -> np.ndarray:
+def fit_logistic(
+    x: np.ndarray, y: np.ndarray, l2: float = 1e-4, steps: int = 200, sample_weight: np.ndarray | None = None
+) -> np.ndarray:
     """Weights ``(F + 1,)`` (bias last) of an L2-regularised logistic regression (L-BFGS, float64),
     rows weighted by ``sample_weight`` (normalised to mean 1) when given."""
     torch.manual_seed(0)
@@ -135,8 +147,10 @@ class CountBaseline:
         x = self.features.matrix(train, train=True)
         self.mean, self.std = x.mean(axis=0), x.std(axis=0) + 1e-6
         xs = (x - self.mean) / self.std
-        self.weights = {task: fit_logistic(xs, train.fields[task], sample_weight=self.features.weights)
-                        for task in ("clicked", "converted")}
+        self.weights = {
+            task: fit_logistic(xs, train.fields[task], sample_weight=self.features.weights)
+            for task in ("clicked", "converted")
+        }
 
     def predict(self, examples: ExampleSet) -> dict[str, np.ndarray]:
         xs = (self.features.matrix(examples, train=False) - self.mean) / self.std

@@ -23,8 +23,9 @@ _EXAMPLE_COLUMNS = list(TRAINING_EXAMPLE.schema.names)
 
 def _read(folder: Path, layout: Layout, columns: list[str] | None = None) -> pa.Table:
     if not folder.is_dir():
-        raise InputNotFoundError(f"{folder}: not found; pass --data a features output folder "
-                                 f"(python -m pipelines features --output DIR)")
+        raise InputNotFoundError(
+            f"{folder}: not found; pass --data a features output folder (python -m pipelines features --output DIR)"
+        )
     files = sorted(str(p) for p in folder.rglob("*.parquet"))
     if not files:
         raise InputNotFoundError(f"{folder}: holds no Parquet files")
@@ -63,8 +64,11 @@ def split_by_time(examples: pa.Table, holdout_days: float = 1.0) -> TimeSplit:
     is_train = pc.less(times, cutoff)
     split = TimeSplit(examples.filter(is_train), examples.filter(pc.invert(is_train)), cutoff)
     if split.train.num_rows == 0:
-        raise ConfigError("--holdout-days", f"every example falls in the last {holdout_days} days",
-                          "generate more days or pass a smaller --holdout-days")
+        raise ConfigError(
+            "--holdout-days",
+            f"every example falls in the last {holdout_days} days",
+            "generate more days or pass a smaller --holdout-days",
+        )
     return split
 
 
@@ -77,8 +81,9 @@ def sample_rows(table: pa.Table, max_rows: int | None, seed: int) -> pa.Table:
     return table.take(pa.array(keep))
 
 
-def sample_by_label(table: pa.Table, max_rows: int | None, positive_share: float | None, seed: int
-                    ) -> tuple[pa.Table, np.ndarray]:
+def sample_by_label(
+    table: pa.Table, max_rows: int | None, positive_share: float | None, seed: int
+) -> tuple[pa.Table, np.ndarray]:
     """At most ``max_rows`` rows, in their original order, and the weight of each (the inverse
     of its group's sampling rate, so weighted means are the table's).
 

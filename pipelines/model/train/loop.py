@@ -72,8 +72,10 @@ class TrainConfig:
         if not (self.learning_rate > 0 and self.holdout_days > 0):
             raise ValueError("TrainConfig.learning_rate and holdout_days must be positive")
         if self.interest_weight < 0 or (self.positive_share is not None and not 0 < self.positive_share < 1):
-            raise ValueError(f"TrainConfig.interest_weight must be >= 0 (got {self.interest_weight}) and "
-                             f"positive_share in (0, 1) or None (got {self.positive_share})")
+            raise ValueError(
+                f"TrainConfig.interest_weight must be >= 0 (got {self.interest_weight}) and "
+                f"positive_share in (0, 1) or None (got {self.positive_share})"
+            )
 
 
 def seed_everything(seed: int) -> None:
@@ -94,7 +96,7 @@ def deterministic() -> Iterator[None]:
 
 def _batches(n: int, batch_size: int, rng: np.random.Generator | None) -> list[np.ndarray]:
     order = rng.permutation(n) if rng is not None else np.arange(n)
-    return [order[i:i + batch_size] for i in range(0, n, batch_size)]
+    return [order[i : i + batch_size] for i in range(0, n, batch_size)]
 
 
 def _loss(model: GemModel, batch: GemBatch, tc: TrainConfig, weight: torch.Tensor | None = None) -> torch.Tensor:
@@ -111,15 +113,22 @@ def _loss(model: GemModel, batch: GemBatch, tc: TrainConfig, weight: torch.Tenso
     return loss
 
 
-def fit(model: GemModel, examples: ExampleSet, tc: TrainConfig, device: torch.device,
-        desc: str = "train", weights: np.ndarray | None = None) -> list[float]:
+def fit(
+    model: GemModel,
+    examples: ExampleSet,
+    tc: TrainConfig,
+    device: torch.device,
+    desc: str = "train",
+    weights: np.ndarray | None = None,
+) -> list[float]:
     """Train ``model`` in place (rows weighted by ``weights (N,)`` when given); returns the
     mean loss of each epoch."""
     rng = np.random.default_rng(tc.seed)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
     rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": tc.weight_decay},
-                                   {"params": rest, "weight_decay": 0.0}], lr=tc.learning_rate)
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": tc.weight_decay}, {"params": rest, "weight_decay": 0.0}], lr=tc.learning_rate
+    )
     steps_per_epoch = math.ceil(len(examples) / tc.batch_size)
     total = steps_per_epoch * tc.epochs
 
@@ -138,8 +147,7 @@ def fit(model: GemModel, examples: ExampleSet, tc: TrainConfig, device: torch.de
             epoch: list[float] = []
             for rows in _batches(len(examples), tc.batch_size, rng):
                 batch = examples.batch(rows, max_len=max_len).to(device)
-                weight = None if weights is None else torch.as_tensor(weights[rows], dtype=torch.float32,
-                                                                      device=device)
+                weight = None if weights is None else torch.as_tensor(weights[rows], dtype=torch.float32, device=device)
                 with autocast_for(device):
                     loss = _loss(model, batch, tc, weight)
                 optimizer.zero_grad(set_to_none=True)
@@ -156,8 +164,9 @@ def fit(model: GemModel, examples: ExampleSet, tc: TrainConfig, device: torch.de
 
 
 @torch.inference_mode()
-def predict(model: GemModel, examples: ExampleSet, device: torch.device, batch_size: int = 512
-            ) -> dict[str, np.ndarray]:
+def predict(
+    model: GemModel, examples: ExampleSet, device: torch.device, batch_size: int = 512
+) -> dict[str, np.ndarray]:
     """Click and conversion probabilities ``(N,)`` of every example, in order."""
     model.eval()
     out: dict[str, list[np.ndarray]] = {task: [] for task in TASKS}
@@ -172,8 +181,9 @@ def predict(model: GemModel, examples: ExampleSet, device: torch.device, batch_s
 NAMES = {"clicked": "click", "converted": "conversion"}
 
 
-def score(examples: ExampleSet, probs: dict[str, np.ndarray], weights: np.ndarray | None = None
-          ) -> dict[str, dict[str, float]]:
+def score(
+    examples: ExampleSet, probs: dict[str, np.ndarray], weights: np.ndarray | None = None
+) -> dict[str, dict[str, float]]:
     """AUC, NE, ... of each task (rows weighted by ``weights`` when given)."""
     return {NAMES[t]: task_metrics(examples.fields[t], probs[t], weights) for t in TASKS}
 
@@ -190,12 +200,16 @@ def evaluate_flops(model_config: GemConfig, examples: ExampleSet, rows: int = 25
         with FlopCounterMode(display=False) as counter, torch.no_grad():
             model(batch)
         counts[skip] = counter.get_total_flops() / max(batch.num_rows, 1)
-    return {"flops_per_example_skip_on": counts[True], "flops_per_example_skip_off": counts[False],
-            "flops_saved_fraction": 1.0 - counts[True] / counts[False]}
+    return {
+        "flops_per_example_skip_on": counts[True],
+        "flops_per_example_skip_off": counts[False],
+        "flops_saved_fraction": 1.0 - counts[True] / counts[False],
+    }
 
 
-def _skip_quality(model_config: GemConfig, scores: dict[str, dict[str, float]], data: _Data, tc: TrainConfig,
-                  device: torch.device) -> dict[str, Any]:
+def _skip_quality(
+    model_config: GemConfig, scores: dict[str, dict[str, float]], data: _Data, tc: TrainConfig, device: torch.device
+) -> dict[str, Any]:
     """Train the other setting of ``component_skip`` on the same data and seed; report the
     holdout AUC of both and what skipping loses (positive = skipping is worse)."""
     other_config = model_config.replace(component_skip=not model_config.component_skip)
@@ -203,12 +217,21 @@ def _skip_quality(model_config: GemConfig, scores: dict[str, dict[str, float]], 
     other = GemModel(other_config)
     other.init_output_bias(*data.base_rates())
     other = other.to(device)
-    fit(other, data.train, tc, device, desc="train (skip " + ("on" if other_config.component_skip else "off") + ")",
-        weights=data.weights)
+    fit(
+        other,
+        data.train,
+        tc,
+        device,
+        desc="train (skip " + ("on" if other_config.component_skip else "off") + ")",
+        weights=data.weights,
+    )
     other_scores = score(data.holdout, predict(other, data.holdout, device), data.holdout_weights)
     on, off = (scores, other_scores) if model_config.component_skip else (other_scores, scores)
-    return {"auc_skip_on": {t: on[t]["auc"] for t in on}, "auc_skip_off": {t: off[t]["auc"] for t in off},
-            "auc_lost": {t: off[t]["auc"] - on[t]["auc"] for t in on}}
+    return {
+        "auc_skip_on": {t: on[t]["auc"] for t in on},
+        "auc_skip_off": {t: off[t]["auc"] for t in off},
+        "auc_lost": {t: off[t]["auc"] - on[t]["auc"] for t in on},
+    }
 
 
 def _json_safe(value: Any) -> Any:
@@ -245,39 +268,61 @@ def _prepare(data_dir: str | Path, tc: TrainConfig, max_len: int) -> _Data:
     train = ExampleSet(index, train_rows)
     # the holdout is sampled like the training rows (every positive first, negatives weighted up),
     # so its metrics estimate the whole last day's with every conversion it holds
-    holdout_rows, holdout_weights = sample_by_label(split.holdout, tc.max_holdout, tc.positive_share,
-                                                    data_seed + 1)
+    holdout_rows, holdout_weights = sample_by_label(split.holdout, tc.max_holdout, tc.positive_share, data_seed + 1)
     holdout = ExampleSet(index, holdout_rows)
-    summary = {"features": str(data_dir), "train_examples": len(train), "train_available": split.train.num_rows,
-               "train_clicks": int(train.fields["clicked"].sum()),
-               "train_conversions": int(train.fields["converted"].sum()),
-               "holdout_examples": len(holdout), "holdout_available": split.holdout.num_rows,
-               "holdout_clicks": int(holdout.fields["clicked"].sum()),
-               "holdout_conversions": int(holdout.fields["converted"].sum()),
-               "holdout_cutoff_ms": split.cutoff_ms, "history_events": index.num_events,
-               "mean_train_prefix_tokens": float(train.prefix_lengths(max_len).mean()),
-               "mean_holdout_prefix_tokens": float(holdout.prefix_lengths(max_len).mean())}
-    log.info("training on %d of %d examples, holding out %d of %d (last %g day(s))", len(train),
-             split.train.num_rows, len(holdout), split.holdout.num_rows, tc.holdout_days)
+    summary = {
+        "features": str(data_dir),
+        "train_examples": len(train),
+        "train_available": split.train.num_rows,
+        "train_clicks": int(train.fields["clicked"].sum()),
+        "train_conversions": int(train.fields["converted"].sum()),
+        "holdout_examples": len(holdout),
+        "holdout_available": split.holdout.num_rows,
+        "holdout_clicks": int(holdout.fields["clicked"].sum()),
+        "holdout_conversions": int(holdout.fields["converted"].sum()),
+        "holdout_cutoff_ms": split.cutoff_ms,
+        "history_events": index.num_events,
+        "mean_train_prefix_tokens": float(train.prefix_lengths(max_len).mean()),
+        "mean_holdout_prefix_tokens": float(holdout.prefix_lengths(max_len).mean()),
+    }
+    log.info(
+        "training on %d of %d examples, holding out %d of %d (last %g day(s))",
+        len(train),
+        split.train.num_rows,
+        len(holdout),
+        split.holdout.num_rows,
+        tc.holdout_days,
+    )
     return _Data(index, train, weights, holdout, holdout_weights, summary)
 
 
-def _comparison(model: dict[str, dict[str, float]], baseline: dict[str, dict[str, float]], holdout: ExampleSet,
-                probs: tuple[dict[str, np.ndarray], dict[str, np.ndarray]], weights: np.ndarray, seed: int
-                ) -> dict[str, Any]:
+def _comparison(
+    model: dict[str, dict[str, float]],
+    baseline: dict[str, dict[str, float]],
+    holdout: ExampleSet,
+    probs: tuple[dict[str, np.ndarray], dict[str, np.ndarray]],
+    weights: np.ndarray,
+    seed: int,
+) -> dict[str, Any]:
     """Per task: AUC and NE gains of the model over the baseline, the AUC gain's 90% paired
     bootstrap interval over the holdout rows, and whether the model beats the baseline."""
     out: dict[str, Any] = {}
     for task in TASKS:
         m, b = model[NAMES[task]], baseline[NAMES[task]]
         low, high = paired_auc_interval(holdout.fields[task], probs[0][task], probs[1][task], weights, seed=seed)
-        out[NAMES[task]] = {"auc_gain": m["auc"] - b["auc"], "auc_gain_p05": low, "auc_gain_p95": high,
-                            "ne_gain": b["ne"] - m["ne"], "beats": m["auc"] > b["auc"] and m["ne"] < b["ne"]}
+        out[NAMES[task]] = {
+            "auc_gain": m["auc"] - b["auc"],
+            "auc_gain_p05": low,
+            "auc_gain_p95": high,
+            "ne_gain": b["ne"] - m["ne"],
+            "beats": m["auc"] > b["auc"] and m["ne"] < b["ne"],
+        }
     return out
 
 
-def train_model(data_dir: str | Path, output_dir: str | Path, model_config: GemConfig,
-                tc: TrainConfig) -> dict[str, Any]:
+def train_model(
+    data_dir: str | Path, output_dir: str | Path, model_config: GemConfig, tc: TrainConfig
+) -> dict[str, Any]:
     """Train on a features folder, evaluate model and baseline on the last-day holdout,
     save ``model.pt`` and ``metrics.json`` in ``output_dir``; returns the metrics.
     Deterministic for ``tc.seed`` (same device and thread count)."""
@@ -285,8 +330,9 @@ def train_model(data_dir: str | Path, output_dir: str | Path, model_config: GemC
         return _train_model(data_dir, output_dir, model_config, tc)
 
 
-def _train_model(data_dir: str | Path, output_dir: str | Path, model_config: GemConfig,
-                 tc: TrainConfig) -> dict[str, Any]:
+def _train_model(
+    data_dir: str | Path, output_dir: str | Path, model_config: GemConfig, tc: TrainConfig
+) -> dict[str, Any]:
     clock = {"start": time.monotonic()}
     device = resolve_device(tc.device)
     data = _prepare(data_dir, tc, model_config.max_len)
@@ -317,14 +363,19 @@ def _train_model(data_dir: str | Path, output_dir: str | Path, model_config: Gem
         "model": model_scores,
         "baseline": {"name": "logistic regression on count features + popularity", **baseline_scores},
         "popularity": score(data.holdout, popularity, data.holdout_weights),
-        "model_vs_baseline": _comparison(model_scores, baseline_scores, data.holdout, (model_probs, baseline_probs),
-                                         data.holdout_weights, tc.seed),
+        "model_vs_baseline": _comparison(
+            model_scores, baseline_scores, data.holdout, (model_probs, baseline_probs), data.holdout_weights, tc.seed
+        ),
         "component_skip": skip,
         "data": data.summary,
-        "training": {"epoch_losses": losses, "seconds": clock["end"] - clock["start"], "device": str(device),
-                     "threads": torch.get_num_threads(),
-                     "phase_seconds": {b: clock[b] - clock[a] for a, b in itertools.pairwise(phases)},
-                     **asdict(tc)},
+        "training": {
+            "epoch_losses": losses,
+            "seconds": clock["end"] - clock["start"],
+            "device": str(device),
+            "threads": torch.get_num_threads(),
+            "phase_seconds": {b: clock[b] - clock[a] for a, b in itertools.pairwise(phases)},
+            **asdict(tc),
+        },
         "config": model_config.to_dict(),
         "checkpoint": str(checkpoint),
     }
@@ -333,14 +384,18 @@ def _train_model(data_dir: str | Path, output_dir: str | Path, model_config: Gem
     return metrics
 
 
-def save_predictions(path: Path, data: _Data, model: dict[str, np.ndarray], baseline: dict[str, np.ndarray]
-                     ) -> None:
+def save_predictions(path: Path, data: _Data, model: dict[str, np.ndarray], baseline: dict[str, np.ndarray]) -> None:
     """The holdout rows as ``(M,)`` arrays: labels, sampling weights, user ids, history lengths
     (whole prefix) and the model's and baseline's probabilities per task, in holdout order."""
     f = data.holdout.fields
-    arrays = {"weights": data.holdout_weights, "user_id": f["user_id"], "history_length": f["history_length"],
-              **{t: f[t] for t in TASKS}, **{f"model_{t}": model[t] for t in TASKS},
-              **{f"baseline_{t}": baseline[t] for t in TASKS}}
+    arrays = {
+        "weights": data.holdout_weights,
+        "user_id": f["user_id"],
+        "history_length": f["history_length"],
+        **{t: f[t] for t in TASKS},
+        **{f"model_{t}": model[t] for t in TASKS},
+        **{f"baseline_{t}": baseline[t] for t in TASKS},
+    }
     with path.open("wb") as out:
         np.savez_compressed(out, allow_pickle=False, **arrays)
 

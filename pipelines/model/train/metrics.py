@@ -62,8 +62,15 @@ def task_metrics(labels: np.ndarray, probs: np.ndarray, weights: np.ndarray | No
     }
 
 
-def paired_auc_draws(labels: np.ndarray, a: Sequence[np.ndarray], b: Sequence[np.ndarray],
-                     weights: np.ndarray | None = None, *, draws: int = 200, seed: int = 0) -> np.ndarray:
+def paired_auc_draws(
+    labels: np.ndarray,
+    a: Sequence[np.ndarray],
+    b: Sequence[np.ndarray],
+    weights: np.ndarray | None = None,
+    *,
+    draws: int = 200,
+    seed: int = 0,
+) -> np.ndarray:
     """Bootstrap draws ``(D,)`` of the mean over pairs of ``AUC(a[s]) - AUC(b[s])``: every draw
     resamples the rows once and scores every pair on them (paired across models and seeds).
     Draws where a class is missing are dropped."""
@@ -73,13 +80,28 @@ def paired_auc_draws(labels: np.ndarray, a: Sequence[np.ndarray], b: Sequence[np
     diffs = []
     for _ in range(draws if len(labels) else 0):
         rows = rng.integers(0, len(labels), len(labels))
-        diffs.append(float(np.mean([auc(labels[rows], x[rows], w[rows]) - auc(labels[rows], y[rows], w[rows])
-                                    for x, y in zip(a, b, strict=True)])))
+        diffs.append(
+            float(
+                np.mean(
+                    [
+                        auc(labels[rows], x[rows], w[rows]) - auc(labels[rows], y[rows], w[rows])
+                        for x, y in zip(a, b, strict=True)
+                    ]
+                )
+            )
+        )
     return np.asarray([d for d in diffs if np.isfinite(d)])
 
 
-def paired_auc_interval(labels: np.ndarray, a: np.ndarray, b: np.ndarray, weights: np.ndarray | None = None,
-                        *, draws: int = 200, seed: int = 0) -> tuple[float, float]:
+def paired_auc_interval(
+    labels: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray,
+    weights: np.ndarray | None = None,
+    *,
+    draws: int = 200,
+    seed: int = 0,
+) -> tuple[float, float]:
     """90% paired-bootstrap interval of ``AUC(a) - AUC(b)`` on the same rows (resampled together)."""
     finite = paired_auc_draws(labels, [a], [b], weights, draws=draws, seed=seed)
     if not len(finite):
@@ -90,8 +112,15 @@ def paired_auc_interval(labels: np.ndarray, a: np.ndarray, b: np.ndarray, weight
 _Z90 = 1.6449  # two-sided 90%: mean +- 1.645 standard errors
 
 
-def seeded_auc_gain(labels: np.ndarray, a: Sequence[np.ndarray], b: Sequence[np.ndarray],
-                    weights: np.ndarray | None = None, *, draws: int = 200, seed: int = 0) -> dict[str, Any]:
+def seeded_auc_gain(
+    labels: np.ndarray,
+    a: Sequence[np.ndarray],
+    b: Sequence[np.ndarray],
+    weights: np.ndarray | None = None,
+    *,
+    draws: int = 200,
+    seed: int = 0,
+) -> dict[str, Any]:
     """The AUC gain of setting A over setting B, trained with S seeds each and scored on the
     same rows: ``a[s], b[s]: (N,)`` are the predictions of seed s.
 
@@ -109,5 +138,12 @@ def seeded_auc_gain(labels: np.ndarray, a: Sequence[np.ndarray], b: Sequence[np.
     rows_se = float(np.std(boot, ddof=1)) if len(boot) > 1 else float("nan")
     seed_std = float(np.std(per_seed, ddof=1)) if len(per_seed) > 1 else 0.0
     half = _Z90 * math.sqrt(rows_se**2 + seed_std**2 / len(per_seed))
-    return {"gain": gain, "low": gain - half, "high": gain + half, "per_seed": per_seed, "seeds": len(per_seed),
-            "seed_std": seed_std, "rows_se": rows_se}
+    return {
+        "gain": gain,
+        "low": gain - half,
+        "high": gain + half,
+        "per_seed": per_seed,
+        "seeds": len(per_seed),
+        "seed_std": seed_std,
+        "rows_se": rows_se,
+    }

@@ -27,8 +27,9 @@ from tests.fixtures.kafka import MakeTopic, kafka_sh, produce
 pytestmark = pytest.mark.integration
 
 
-def _read(connection: KafkaConnection, ranges: list[PartitionRange], backend: str = "kafka-python",
-          max_batch: int = 1000) -> dict[tuple[int, int], bytes]:
+def _read(
+    connection: KafkaConnection, ranges: list[PartitionRange], backend: str = "kafka-python", max_batch: int = 1000
+) -> dict[tuple[int, int], bytes]:
     """(partition, offset) -> value of everything in ``ranges``; asserts each offset comes once."""
     fetcher = open_fetcher(connection, backend, max_batch=max_batch, stall_s=30)
     seen: dict[tuple[int, int], bytes] = {}
@@ -73,8 +74,9 @@ def test_round_trip_by_offsets_and_splits(kafka: KafkaConnection, make_topic: Ma
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_compressed_single_record_and_header_batches(kafka: KafkaConnection, make_topic: MakeTopic,
-                                                     backend: str) -> None:
+def test_compressed_single_record_and_header_batches(
+    kafka: KafkaConnection, make_topic: MakeTopic, backend: str
+) -> None:
     """Batches the columnar parser must not take for JSON-without-headers read alike on both backends."""
     topic = make_topic(partitions=1)
     values = [line(event_id=f"b{i}", user_id=i) for i in range(40)]
@@ -169,8 +171,13 @@ def test_malformed_messages_become_dead_letters_with_partition_and_offset(
     dead = pa.concat_tables([r.dead_letters for r in results])
     assert events.num_rows == 196
     assert dead.column("source").to_pylist() == [f"kafka:{topic}/0/{o}" for o in (3, 57, 58, 199, 200)]
-    assert dead.column("reason").to_pylist() == ["invalid_json", "unknown_enum", "invalid_utf8", "wrong_type",
-                                                 "invalid_json"]
+    assert dead.column("reason").to_pylist() == [
+        "invalid_json",
+        "unknown_enum",
+        "invalid_utf8",
+        "wrong_type",
+        "invalid_json",
+    ]
     expected = parse_json_lines([*values, b""], [f"kafka:{topic}/0/{o}" for o in range(201)])
     assert events.equals(expected.events)
     assert dead.equals(expected.dead_letters)
@@ -191,8 +198,10 @@ def test_sink_confirms_delivery(kafka: KafkaConnection, make_topic: MakeTopic, b
     assert sum(r.size for r in ranges) == 301
     # Same key, same partition (both backends use the Java client's murmur2 partitioner).
     got = _read(kafka, ranges)
-    users_by_partition = {p: {parse_json_lines([v], ["x"]).events.column("user_id")[0].as_py()
-                              for (q, _), v in got.items() if q == p} for p in (0, 1)}
+    users_by_partition = {
+        p: {parse_json_lines([v], ["x"]).events.column("user_id")[0].as_py() for (q, _), v in got.items() if q == p}
+        for p in (0, 1)
+    }
     assert not users_by_partition[0] & users_by_partition[1]
 
 
@@ -233,8 +242,9 @@ def test_write_to_kafka_in_a_pipeline(kafka: KafkaConnection, make_topic: MakeTo
     assert sorted(got.values()) == sorted(v for _, v in messages)
 
 
-def test_the_streaming_poller_waits_out_a_broker_restart(kafka: KafkaConnection, make_topic: MakeTopic,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_streaming_poller_waits_out_a_broker_restart(
+    kafka: KafkaConnection, make_topic: MakeTopic, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """While the broker is away a poll finds nothing new; once it is back the poller reads on from where it
     was: every offset once. kafka-python 3.0 raised a retriable error from ``position()`` in a CI run (an
     offset validation after the leader change could not refresh metadata): the poller takes it as "nothing
@@ -264,8 +274,9 @@ def test_the_streaming_poller_waits_out_a_broker_restart(kafka: KafkaConnection,
     assert position == len(values)
 
 
-def test_the_streaming_poller_raises_what_retrying_cannot_mend(kafka: KafkaConnection, make_topic: MakeTopic,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_streaming_poller_raises_what_retrying_cannot_mend(
+    kafka: KafkaConnection, make_topic: MakeTopic, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from kafka.errors import LogTruncationError
 
     topic = make_topic(partitions=1)
@@ -294,8 +305,7 @@ def _raise_once(monkeypatch: pytest.MonkeyPatch, poller: PartitionPoller, error:
     monkeypatch.setattr(consumer, "position", flaky)
 
 
-def _poll_until(poller: PartitionPoller, topic: str, position: int,
-                stop: int) -> tuple[list[MessageBatch], int]:
+def _poll_until(poller: PartitionPoller, topic: str, position: int, stop: int) -> tuple[list[MessageBatch], int]:
     """Batches polled from ``position`` until the position reaches ``stop`` (60 s at most)."""
     batches, deadline = [], time.monotonic() + 60
     while position < stop:

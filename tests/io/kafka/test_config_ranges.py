@@ -21,13 +21,21 @@ from tests.features.factories import T0, line
 def test_connection_maps_to_both_clients(tmp_path) -> None:
     ca = tmp_path / "ca.pem"
     ca.write_text("x")
-    conn = KafkaConnection(bootstrap_servers=("b1:9093", "b2:9093"), security_protocol="SASL_SSL",
-                           sasl_mechanism="SCRAM-SHA-512", sasl_username="u", sasl_password="s3cr3t-pw",
-                           ssl_cafile=str(ca))
+    conn = KafkaConnection(
+        bootstrap_servers=("b1:9093", "b2:9093"),
+        security_protocol="SASL_SSL",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username="u",
+        sasl_password="s3cr3t-pw",
+        ssl_cafile=str(ca),
+    )
     kp = conn.kafka_python()
     assert kp["bootstrap_servers"] == ["b1:9093", "b2:9093"]
-    assert (kp["security_protocol"], kp["sasl_mechanism"], kp["sasl_plain_username"]) == ("SASL_SSL",
-                                                                                          "SCRAM-SHA-512", "u")
+    assert (kp["security_protocol"], kp["sasl_mechanism"], kp["sasl_plain_username"]) == (
+        "SASL_SSL",
+        "SCRAM-SHA-512",
+        "u",
+    )
     assert kp["ssl_cafile"] == str(ca)
     rd = conn.librdkafka()
     assert rd["bootstrap.servers"] == "b1:9093,b2:9093" and rd["security.protocol"] == "sasl_ssl"
@@ -59,8 +67,18 @@ def test_connection_from_flags_reads_the_password_from_the_environment(monkeypat
     monkeypatch.setenv("GEM_KAFKA_SASL_PASSWORD", "from-env")
     parser = argparse.ArgumentParser()
     add_connection_arguments(parser)
-    args = parser.parse_args(["--bootstrap-servers", "a:1, b:2", "--security-protocol", "SASL_PLAINTEXT",
-                              "--sasl-mechanism", "PLAIN", "--sasl-username", "gem"])
+    args = parser.parse_args(
+        [
+            "--bootstrap-servers",
+            "a:1, b:2",
+            "--security-protocol",
+            "SASL_PLAINTEXT",
+            "--sasl-mechanism",
+            "PLAIN",
+            "--sasl-username",
+            "gem",
+        ]
+    )
     conn = connection_from_args(args)
     assert conn.bootstrap_servers == ("a:1", "b:2")
     assert conn.sasl_password == "from-env"
@@ -130,8 +148,16 @@ def test_split_ranges_cover_each_offset_once(bounds: list[tuple[int, int]], most
 
 
 def test_events_round_trip_through_the_wire_encoder() -> None:
-    payloads = [line(event_id=f"e{i}", device=[None, "ios", "web"][i % 3], value=[None, 2.5, 0.1][i % 3],
-                     is_ad=bool(i % 2), advertiser_id=7 if i % 2 else None) for i in range(30)]
+    payloads = [
+        line(
+            event_id=f"e{i}",
+            device=[None, "ios", "web"][i % 3],
+            value=[None, 2.5, 0.1][i % 3],
+            is_ad=bool(i % 2),
+            advertiser_id=7 if i % 2 else None,
+        )
+        for i in range(30)
+    ]
     events = parse_json_lines(payloads, ["x"] * 30).events
     again = parse_json_lines(events_to_wire(events), ["y"] * 30)
     assert again.dead_letters.num_rows == 0

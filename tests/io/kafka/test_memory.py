@@ -25,8 +25,13 @@ _PAGES = (40 << 20) // os.sysconf("SC_PAGE_SIZE")
 
 
 def _probe(keep: str) -> tuple[bool, int]:
-    out = subprocess.run([sys.executable, "-c", _PROBE], env={**os.environ, "GEM_KEEP_BUFFERS": keep},
-                         capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE],
+        env={**os.environ, "GEM_KEEP_BUFFERS": keep},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     return out[0] == "True", int(out[1])
 
 

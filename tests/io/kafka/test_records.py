@@ -26,8 +26,15 @@ _CONTROL_BIT = 0x20
 
 
 def _batch(base: int, records: list[Record], codec: int = 0, offset_step: int = 1) -> bytes:
-    builder = DefaultRecordBatchBuilder(magic=2, compression_type=codec, is_transactional=False, producer_id=-1,
-                                        producer_epoch=-1, base_sequence=-1, batch_size=1 << 30)
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=codec,
+        is_transactional=False,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 30,
+    )
     for i, (key, value, headers) in enumerate(records):
         builder.append(i * offset_step, timestamp=T_MS + i, key=key, value=value, headers=headers)
     data = bytearray(builder.build())
@@ -51,19 +58,32 @@ def _parsed(buffer: bytes, start: int = 0, stop: int = 1 << 62) -> list[tuple[in
     return [(int(o), records.payloads.get(i)) for i, o in enumerate(records.offsets)]
 
 
-_VALUES = st.one_of(st.none(), st.binary(max_size=40), st.builds(lambda n: line(event_id=f"e{n}"), st.integers(0, 99)),
-                    st.binary(max_size=8).map(lambda b: b + b"}"))
-_RECORDS = st.lists(st.tuples(st.one_of(st.none(), st.binary(max_size=6)), _VALUES,
-                              st.one_of(st.just([]), st.lists(st.tuples(st.text(max_size=3), st.binary(max_size=3)),
-                                                              max_size=2))),
-                    min_size=1, max_size=12)
+_VALUES = st.one_of(
+    st.none(),
+    st.binary(max_size=40),
+    st.builds(lambda n: line(event_id=f"e{n}"), st.integers(0, 99)),
+    st.binary(max_size=8).map(lambda b: b + b"}"),
+)
+_RECORDS = st.lists(
+    st.tuples(
+        st.one_of(st.none(), st.binary(max_size=6)),
+        _VALUES,
+        st.one_of(st.just([]), st.lists(st.tuples(st.text(max_size=3), st.binary(max_size=3)), max_size=2)),
+    ),
+    min_size=1,
+    max_size=12,
+)
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(_RECORDS, st.sampled_from([0, 1]), st.sampled_from([1, 2])), min_size=1, max_size=4),
-       st.sampled_from([1, 1000]), st.data())
-def test_equals_kafka_pythons_reader(batches: list[tuple[list[Record], int, int]], guess_from: int,
-                                     data: st.DataObject) -> None:
+@given(
+    st.lists(st.tuples(_RECORDS, st.sampled_from([0, 1]), st.sampled_from([1, 2])), min_size=1, max_size=4),
+    st.sampled_from([1, 1000]),
+    st.data(),
+)
+def test_equals_kafka_pythons_reader(
+    batches: list[tuple[list[Record], int, int]], guess_from: int, data: st.DataObject
+) -> None:
     """Both ways to find the records (guessed and verified from 1 record, always walked from 1,000)."""
     with mock.patch.object(records_module, "_GUESS_FROM", guess_from):
         _check_against_kafka_python(batches, data)
@@ -109,7 +129,8 @@ def test_legacy_message_sets_are_read_by_kafka_python() -> None:
 def test_payloads_decode_like_the_same_values_laid_end_to_end() -> None:
     values = [line(event_id=f"p{i}", user_id=i) for i in range(50)] + [b"not json", b"", line(event_id="")]
     buffer = _batch(0, [(str(i).encode(), v, []) for i, v in enumerate(values[:30])]) + _batch(
-        30, [(None, v, [("h", b"x")]) for v in values[30:]])
+        30, [(None, v, [("h", b"x")]) for v in values[30:]]
+    )
     records = parse_records(buffer, 0, 100)
     assert records.payloads.data.count(b"\n") == len(values)  # one separator per payload, blanks between
 
