@@ -6,22 +6,27 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+LOCK := constraints.txt
 DEMO_DIR ?= out/demo
 B ?=
 PYTEST_ARGS ?=
 
-.PHONY: prism help setup demo test test-unit bench lint services-up services-down kafka-up kafka-down redis-up redis-down clean
+.PHONY: prism help setup lock demo test test-unit bench lint services-up services-down kafka-up kafka-down redis-up redis-down clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -F':.*?## ' '{printf "  make %-15s %s\n", $$1, $$2}'
 
 setup: $(STAMP) ## create .venv and install the project (a second run takes seconds)
 
-$(STAMP): pyproject.toml
+# The lock (constraints.txt) pins every package; a change to it or to pyproject.toml reinstalls.
+$(STAMP): pyproject.toml $(LOCK)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -c $(LOCK) --upgrade pip
+	$(PY) -m pip install -q -c $(LOCK) -e '.[dev]'
 	@touch $(STAMP)
+
+lock: ## re-resolve pyproject.toml's version ranges into constraints.txt (then make setup)
+	PYTHON=$(PYTHON) bash scripts/lock.sh
 
 demo: setup ## generate ~1M events, build histories, inspect them (embedded defaults)
 	DEMO_DIR=$(DEMO_DIR) bash scripts/demo.sh
@@ -35,8 +40,9 @@ test-unit: setup ## only the fast tests (no real services)
 bench: setup ## run the benchmarks (B=name for one, QUICK=1 for small inputs)
 	$(PY) bench/run.py $(B)
 
-lint: setup ## ruff and mypy
+lint: setup ## ruff (lint and format check) and mypy, over the package, schemas, tests and bench
 	$(VENV)/bin/ruff check pipelines schemas tests bench
+	$(VENV)/bin/ruff format --check pipelines schemas tests bench
 	$(VENV)/bin/mypy
 
 services-up: kafka-up redis-up ## start the services the tests need
@@ -57,14 +63,26 @@ redis-up: ## start the project's Redis on 127.0.0.1:16379 (apt-get installs redi
 redis-down: ## stop the project's Redis (no persistence: the store is rebuilt by precompute)
 	bash scripts/redis.sh down
 
-BEAM_VERSION := 2.77.0
+# Beam versions: the SDK's from the lock (its one statement), the Flink runner's from
+# deploy/versions.env (the file says why they differ). Read with sed, not `include`, so that
+# `make help` (which greps $(MAKEFILE_LIST)) lists only real makefiles.
+VERSIONS := deploy/versions.env
+BEAM_VERSION := $(shell sed -n 's/^apache-beam==//p' $(LOCK))
+BEAM_FLINK_RUNNER_VERSION := $(shell sed -n 's/^BEAM_FLINK_RUNNER_VERSION=//p' $(VERSIONS))
+FLINK_MINOR := $(shell sed -n 's/^FLINK_MINOR=//p' $(VERSIONS))
+ifeq ($(BEAM_VERSION),)
+$(error no apache-beam==VERSION line in $(LOCK))
+endif
 PRISM := .cache/bin/prism
+# Marks which Beam release .cache/bin/prism was built from: a new Beam in the lock rebuilds it.
+PRISM_BUILT := .cache/bin/.prism-v$(BEAM_VERSION)
 
-prism: $(PRISM) ## build Beam's Prism runner at the pinned Beam version (Go module proxy; once)
+prism: $(PRISM_BUILT) ## build Beam's Prism runner at the locked Beam SDK version (Go module proxy; once)
 
-$(PRISM):
+$(PRISM_BUILT):
 	@mkdir -p $(dir $(PRISM))
 	GOBIN=$(abspath $(dir $(PRISM))) go install github.com/apache/beam/sdks/v2/go/cmd/prism@v$(BEAM_VERSION)
+	@rm -f $(dir $(PRISM)).prism-v* && touch $@
 
 clean: ## remove outputs (keeps .venv)
 	rm -rf out .pytest_cache .mypy_cache .ruff_cache
