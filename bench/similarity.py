@@ -30,6 +30,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from typing import Any
+
 import numpy as np
 import pyarrow.parquet as pq
 
@@ -57,7 +59,7 @@ def clustered(n: int, seed: int, centres: np.ndarray, noise: float = 0.5) -> np.
     return x.astype(np.float16).astype(np.float32)
 
 
-def measure_index(data: np.ndarray, queries: np.ndarray, factory: str) -> dict[str, float]:
+def measure_index(data: np.ndarray, queries: np.ndarray, factory: str) -> dict[str, Any]:
     n = len(data)
     users = UserVectors(np.arange(n, dtype=np.int64), data, np.zeros(n, np.int64), np.full(n, VERSION, dtype=object))
     started = time.perf_counter()
@@ -72,10 +74,10 @@ def measure_index(data: np.ndarray, queries: np.ndarray, factory: str) -> dict[s
         "build_s": build_s,
         "qps": qps,
         "found": found,
-        "index": index,  # type: ignore[dict-item]
+        "index": index,
         "params": built.manifest.search_params,
         "factory": built.manifest.factory,
-    }  # type: ignore[dict-item]
+    }
 
 
 def exact(data: np.ndarray, queries: np.ndarray) -> tuple[np.ndarray, float]:
@@ -291,7 +293,7 @@ def main() -> None:
     figures = []
     for factory in factories:
         f = measure_index(data, queries, factory)
-        f["recall"] = ops.recall_at_k(f["found"], truth) if truth is not None else float("nan")  # type: ignore
+        f["recall"] = ops.recall_at_k(f["found"], truth) if truth is not None else float("nan")
         figures.append(f)
         print(
             f"{f['factory']} ({f['params']}): recall@10 {f['recall']:.4f} at {f['qps']:,.0f} queries/s, "
@@ -299,7 +301,7 @@ def main() -> None:
             flush=True,
         )
     if "resolver" in legs:
-        report_resolver(measure_resolver(figures[0]["index"], n_requests))  # type: ignore[arg-type]
+        report_resolver(measure_resolver(figures[0]["index"], n_requests))
     if "stream" in legs:
         print(stream_mix(world_users, world_days), flush=True)
     if "index" in legs:

@@ -66,7 +66,7 @@ def _ads(text: str) -> list[int]:
 
 
 def _seconds(flag: str, text: str) -> float:
-    from pipelines.store import parse_duration
+    from pipelines.durations import parse_duration
 
     try:
         return parse_duration(text)

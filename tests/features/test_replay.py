@@ -50,7 +50,7 @@ def _messages(connection: KafkaConnection, topic: str) -> list[tuple[int, int, b
 
 def _fetch(connection: KafkaConnection, ranges: list[PartitionRange]) -> list[tuple[int, int, bytes | None, bytes]]:
     fetcher = open_fetcher(connection)
-    out = []
+    out: list[tuple[int, int, bytes | None, bytes]] = []
     try:
         for part in ranges:
             for batch in fetcher.fetch(part):

@@ -204,8 +204,9 @@ def test_esmm_model_starts_at_the_base_rates() -> None:
     model = GemModel(tiny_config(esmm=True)).eval()
     model.init_output_bias(0.02, 0.001)
     with torch.no_grad():
-        for layer in (model.task_mlp[-1],):
-            layer.weight.zero_()  # the heads read only their bias
+        head = model.task_mlp[-1]
+        assert isinstance(head, torch.nn.Linear)
+        head.weight.zero_()  # the heads read only their bias
         out = model(random_batch([3, 5]))
     torch.testing.assert_close(torch.sigmoid(out.click_logit), torch.full((2,), 0.02))
     torch.testing.assert_close(torch.sigmoid(out.conversion_logit), torch.full((2,), 0.001), rtol=1e-3, atol=1e-6)

@@ -192,10 +192,12 @@ def test_concat_and_handler_results_own_their_memory(world: World) -> None:
     handler = GemModelHandler(str(world.model))
     results = list(handler.run_inference(batches, model))
     whole = model.represent(merged)
-    first, _ = results[0].inference
+    first = results[0].inference[0]  # type: ignore[index]
     assert first.pair_embedding.base is None  # a copy, not a view of the batch output
     assert np.allclose(
-        np.concatenate([r.inference[0].pair_embedding for r in results]), whole.pair_embedding, atol=1e-5
+        np.concatenate([r.inference[0].pair_embedding for r in results]),  # type: ignore[index]
+        whole.pair_embedding,
+        atol=1e-5,
     )
     assert handler.batch_elements_kwargs()["element_size_fn"]((0, batches[0])) == element_tokens(batches[0])
 
