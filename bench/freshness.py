@@ -11,10 +11,8 @@ events at a steady RATE (kafka-python sink, acks=all) and watches both ends:
 - store: a thread reads every user's user-level row every POLL_S; an event is
   visible at the first read where its user's row has ``history_watermark`` (the
   newest event the representation has seen) at or after the event's time. A read
-  every 0.2 s adds at most 0.2 s to a measured latency; every 0.05 s, the reads
-  (2,000 users from Redis, on the same 2 cores) took CPU from the job under test:
-  at 500 events/s history p99 2.17 s and store p99 15.8 s, vs 1.1-1.2 s and
-  6.3-7.9 s with 0.2 s (2026-12-03).
+  every 0.2 s adds at most 0.2 s to a measured latency; reading more often takes
+  CPU from the job under test on the same cores and slows both legs.
 
 p50/p99 of (visible - sent) over all events for each, at each rate of RATES in
 turn (a fresh topic, job and namespace each; FRESH_RATE=250,500 sets them; default
@@ -23,7 +21,7 @@ the RESULT lines are taken at the highest rate where both legs met it (the
 lowest rate when none did), ratio = 2 / p99 (target 1): ``freshness-store``
 first, the history leg last; every rate's figures are printed above them. The
 refresh is compute-bound: every event touches a user whose whole history is
-re-encoded, so the rate the store leg keeps up with is this machine's.
+re-encoded, so the rate the store leg keeps up with depends on the machine's cores.
 """
 
 from __future__ import annotations

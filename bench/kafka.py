@@ -17,10 +17,10 @@ the delivery-confirming sinks (acks=all) is printed too.
 ratio = best project configuration msg/s / kcat msg/s (target 0.5).
 
 Scale matters: kcat's fixed start (connect, metadata) weighs on the QUICK topic
-(0.3M messages, kcat ~0.4M msg/s here) but not on the full one (2.1M messages,
-kcat ~0.8-1.3M msg/s), while the project's reader is CPU-bound at any size
-(~4 µs of CPU per message with kafka-python, over half of it Arrow's JSON
-reader), so on a 2-core machine two readers are what the cores allow.
+(0.3M messages) but not on the full one (2.1M messages), while the project's
+reader is CPU-bound at any size (over half of its CPU is Arrow's JSON reader),
+so READERS is at most the number of cores the readers get. Figures of past runs:
+bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -131,8 +131,8 @@ def consume_parallel(
 ) -> Read:
     """Every range read once, by READERS processes that each take the next piece (a quarter of a reader's
     share of the messages) when they come free, as Beam's workers take split ranges (``replay --max-split``):
-    partitions differ in size (keyed by user: 0.48M-0.61M messages here), and a reader that was dealt whole
-    partitions finished ~15% before the other."""
+    partitions differ in size (keyed by user), so a reader dealt whole partitions can finish well before
+    another."""
     pieces = split_ranges(ranges, math.ceil(sum(r.size for r in ranges) / (4 * READERS)))
     reads = list(pool.map(consume_to_arrow, repeat(connection), [[piece] for piece in pieces], repeat(backend)))
     return Read(sum(r.events for r in reads), sum(r.dead for r in reads), sum(r.cpu_s for r in reads))

@@ -390,7 +390,7 @@ def _interval(g: dict) -> str:
 
 
 def main() -> None:
-    # One thread by default: on a shared 2-core machine a second OpenMP thread mostly
+    # One thread by default: on a few shared cores a second OpenMP thread mostly
     # spin-waits; the peak is measured with the same setting, so ratios stay fair.
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
     config = GemConfig(max_len=256)

@@ -98,7 +98,7 @@ def loop(model: GemModel, groups: list[list[GemBatch]]) -> int:
 
 
 def main() -> None:
-    # One thread by default (as bench/model.py): on a shared 2-core machine a second OpenMP thread
+    # One thread by default (as bench/model.py): on a few shared cores a second OpenMP thread
     # mostly spin-waits against other work; the Beam run is in this process and uses the same setting.
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
     users, requests = (1_500, 150) if QUICK else (6_000, 2_400)

@@ -22,8 +22,8 @@ single definition of the rules:
 3. rows that fail a vectorised rule, and every suspect or rejected payload, go
    to ``parse_json_lines`` in payload order, which gives reasons and details.
 
-Cost: a clean batch is one pass of Arrow's reader plus a dozen kernels
-(~2.5 µs per payload on the lab machine); each bad payload adds a Python parse
+Cost: a clean batch is one pass of Arrow's reader plus a dozen kernels, with
+no Python object per payload; each bad payload adds a Python parse
 and at most one 64 KiB block re-read. ``tests/features/test_decode.py`` checks the
 equivalence with hypothesis.
 """
@@ -284,8 +284,8 @@ def _stream(
     try:
         reader = pj.open_json(
             pa.BufferReader(buffer.slice(begin, end - begin)),
-            # One thread: readers run one per core (Beam workers), and two readers with Arrow's
-            # threads on read 10-20% slower on two cores than without (bench/kafka.py, 2026-12-03).
+            # One thread: readers run one per core (Beam workers), so Arrow's own reader threads
+            # would only compete with the other readers for the same cores.
             read_options=pj.ReadOptions(use_threads=False, block_size=block),
             parse_options=_PARSE_OPTIONS,
         )

@@ -2,8 +2,8 @@
 
 Registered for ``pa.Table`` so typed PCollections of tables (and KV pairs of
 them) cross shuffles without pickling. Compression keeps the bytes the runner
-copies small, but LZ4 costs ~0.3 ms a table whatever its size (a frame per
-buffer), ten times the whole uncompressed encoding of a streaming job's typical
+copies small, but LZ4 has a fixed cost per table whatever its size (a frame per
+buffer), many times the whole uncompressed encoding of a streaming job's typical
 table (tens of rows); so only tables of ``COMPRESS_FROM_BYTES`` or more are
 compressed. Readers need not know: each IPC message says whether it is.
 """

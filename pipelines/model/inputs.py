@@ -100,7 +100,7 @@ class GemBatch:
     def slice(self, start: int, stop: int) -> GemBatch:
         """Rows ``[start, stop)``, histories included: what :meth:`select` gives for a contiguous
         range, by copying slices instead of gathering (copies: a view would keep the whole batch
-        alive, and ran ~8% slower in the precompute bench's loop)."""
+        alive, and made the precompute bench's loop slower)."""
         first, last = int(self.offsets[start]), int(self.offsets[stop])
         out: dict[str, Any] = {"offsets": self.offsets[start : stop + 1] - first}
         for f in fields(self):

@@ -1,9 +1,9 @@
 """A Beam coder for :class:`GemBatch`: a request's shared history once, numpy buffers, no torch pickling.
 
 A request element repeats its user's history for every ad (one row per ad), so
-pickling it copies the history ~80 times, and torch tensors pickle slowly: in a
-lab run, pickling and unpickling the 2,400 request elements of the precompute
-bench took 5.8 s (389 MB) against 12 s of inference. This coder writes every
+pickling it copies the history once per ad, and torch tensors pickle slowly: at
+the precompute bench's sizes, pickling the request elements costs a large share
+of the time inference takes. This coder writes every
 field as a numpy buffer (pickle protocol 5) and, when all rows read one history
 (checked token by token), that history once; decoding tiles it back. Registered for ``GemBatch``, so typed
 PCollections of them (and KV pairs) use it.

@@ -92,7 +92,7 @@ class WriteDeadLettersFn(beam.DoFn):
 class CommitOffsetsFn(beam.DoFn):
     """Keyed by partition: commits the first offset not yet durable to the consumer group.
 
-    A commit is a broker round trip (~10 ms here): advances are committed at most
+    A commit is a broker round trip: advances are committed at most
     every ``COMMIT_INTERVAL_S`` (the reader's empty acknowledgements keep this
     going on a quiet topic), and once more when the input ends.
     """

@@ -6,8 +6,8 @@ when asked, and returns the flushed offsets per partition, which may be
 acknowledged only now, with the touched users' histories (for the representation
 refresh, :mod:`pipelines.streaming.refresh`). A :class:`Coalescer` runs these
 flushes on one thread of the worker, so a bundle never waits for a merge or a
-write (on Prism the next bundle of the stage waited for it: ~0.2 s p50 and ~1 s
-p99 between the reader and ``AppendHistories`` in a lab freshness run); later
+write (a runner such as Prism holds the stage's next bundle until the current
+one returns, so a flush inside the bundle delays every event behind it); later
 bundles pick up the acknowledgements with :meth:`Coalescer.finished`.
 
 Nothing changes for delivery: offsets are acknowledged only after their flush

@@ -17,8 +17,8 @@ are taken together by the next one (each user once, at their newest history),
 so a backlog makes refreshes bigger, not more numerous. The inference itself
 runs in a child process (:class:`RefreshProcess`): the job's Beam threads keep
 its interpreter lock busy, and a model's forward pass, a few hundred small torch
-calls that each give the lock back and wait to take it again, ran ~10x slower
-there than alone (80 users: 55 ms alone, seconds inside the job at 500 events/s).
+calls that each give the lock back and wait to take it again, runs many times
+slower there than in a process of its own.
 """
 
 from __future__ import annotations

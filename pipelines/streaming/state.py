@@ -159,8 +159,9 @@ def path_lock(path: Path) -> Iterator[None]:
 def shard_lock(output: str, shard: int) -> AbstractContextManager[None]:
     """Serialise flushes of one shard (see :func:`path_lock`).
 
-    Prism was seen running two bundles of the same key at once; with the shard's
-    files as the truth and this lock, each flush sees every earlier one.
+    A runner may run two bundles of the same key at once (Prism does under steady
+    load); with the shard's files as the truth and this lock, each flush sees every
+    earlier one.
     """
     return path_lock(Path(shard_dir(output, HISTORIES, shard)))
 
@@ -170,8 +171,8 @@ class ShardStates:
 
     The shard's files stay the truth: :meth:`load` (call it under :func:`shard_lock`)
     lists them and reads only those it has not seen yet, so a flush costs a
-    directory listing instead of re-reading up to ``COMPACT_EVERY`` Parquet files
-    (~240 ms of a ~360 ms flush at 27 files in a lab run). A file it did not
+    directory listing instead of re-reading up to ``COMPACT_EVERY`` Parquet files,
+    which would be most of a flush's time. A file it did not
     write (another process, a restarted job, an out-of-order name) makes it read
     the new files, or all of them when the listing no longer extends what it saw.
     """

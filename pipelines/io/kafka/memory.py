@@ -4,10 +4,9 @@ A bounded read allocates several response-sized buffers per Fetch (kafka-python'
 receive chunks, join and frame copies, this project's parse and the decoder's
 numpy masks), each a few MiB and freed a moment later. glibc serves allocations
 that large with ``mmap`` (or trims them off the heap's top) and returns them on
-``free``, so every buffer is page-faulted and zeroed afresh: on a 2.1M-message
-read that was 275k page faults and 1.2 s of kernel time, ~13% of the reader's
-CPU. Raising the mmap threshold and the trim threshold lets freed buffers be
-reused (31k page faults, 0.46 s; bench/kafka.py, 2026-12-03).
+``free``, so every buffer is page-faulted and zeroed afresh, kernel time that
+is a noticeable share of a bulk reader's CPU (bench/RESULTS.md, kafka). Raising
+the mmap threshold and the trim threshold lets freed buffers be reused.
 
 The cost is that a process keeps up to ``TRIM_BYTES`` of freed memory after a
 peak, which a bulk reader reuses anyway. It is a process-wide setting, so it is

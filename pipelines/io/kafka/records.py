@@ -1,6 +1,6 @@
 """Kafka record batches (the log's v2 format) → offsets and payloads, one fetch response at a time.
 
-kafka-python's consumer makes a Python object of every record (~10 µs each);
+kafka-python's consumer makes a Python object of every record;
 :func:`parse_records` reads a whole fetch response with a few numpy passes:
 
 1. batch headers are read one by one (a response holds a few batches of
@@ -50,7 +50,7 @@ _MAGIC_AT = 16
 _CONTROL = 0x20
 _CODEC = 0x07
 _CLOSE, _ZERO = ord("}"), 0
-#: Smaller batches are walked in Python (a few µs), not guessed (a numpy pass and a dozen calls).
+#: Smaller batches are walked in Python (cheap for few records), not guessed (a numpy pass and a dozen calls).
 _GUESS_FROM = 16
 
 
@@ -139,7 +139,7 @@ def _closers(raw: np.ndarray) -> np.ndarray:
     return braces[raw[braces + 1] == _ZERO]
 
 
-class _Bounds(NamedTuple):  # a NamedTuple: one per batch, and a frozen dataclass costs ~3 µs to make
+class _Bounds(NamedTuple):  # a NamedTuple: one per batch, and cheaper to make than a frozen dataclass
     """The records of batches in ``raw`` (a view of ``buffer``): record ``i``'s body (after its length)
     starts at ``bodies[i]`` and holds ``sizes[i]`` bytes; batch ``j`` holds ``counts[j]`` records from
     base offset ``bases[j]``. Walked batches give lists, guessed ones arrays."""
