@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from apache_beam.options.pipeline_options import (
+    DirectOptions,
     FlinkRunnerOptions,
     GoogleCloudOptions,
     PipelineOptions,
@@ -29,51 +30,85 @@ from pipelines.errors import ConfigError
 
 LOCAL_RUNNERS = ("DirectRunner", "local")
 REMOTE_RUNNERS = ("FlinkRunner", "PrismRunner", "DataflowRunner", "PortableRunner")
-RUNNING_MODES = ("in_memory", "multi_threading", "multi_processing")
-
-
-def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
-    """The runner flags; unknown ``--flags`` after them go to Beam as pipeline options."""
-    group = parser.add_argument_group("runner (other --flags are passed to Beam, e.g. --flink_master)")
-    group.add_argument(
-        "--runner",
-        default="DirectRunner",
-        choices=LOCAL_RUNNERS + REMOTE_RUNNERS,
-        help="Beam runner; DirectRunner runs in-process with no network access (default: %(default)s)",
-    )
-    group.add_argument(
-        "--direct-running-mode",
-        default="in_memory",
-        choices=RUNNING_MODES,
-        help="how the local runner executes bundles (default: %(default)s; multi_threading lost elements "
-        "or failed decoding them at GroupByKey with large elements in lab runs, so it is not the default)",
-    )
-    group.add_argument(
-        "--direct-num-workers",
-        type=int,
-        default=1,
-        help="worker processes/threads for multi_processing/multi_threading (default: %(default)s)",
-    )
 
 
 def pipeline_options(args: argparse.Namespace, beam_args: Sequence[str] = ()) -> PipelineOptions:
-    """Beam options from the parsed runner flags plus pass-through Beam flags."""
-    if args.direct_num_workers < 1:
-        raise ConfigError("--direct-num-workers", f"got {args.direct_num_workers}", "pass a value >= 1")
-    flags = list(beam_args)
+    """Beam options from the runner flags (:func:`pipelines.cli.flags.add_runner`) and the pass-through
+    ``beam_args``: every Beam option reaches Beam exactly as the user gave it; a project default is
+    added only for an option the user did not give."""
+    given = [*beam_args, *_declared(args)]
+    required: dict[str, str | None] = {}
+    defaults: dict[str, str] = {}
     if args.runner in LOCAL_RUNNERS:
-        flags += [
-            f"--direct_running_mode={args.direct_running_mode}",
-            f"--direct_num_workers={args.direct_num_workers}",
-        ]
+        defaults = {"direct_running_mode": "in_memory", "direct_num_workers": "1"}
     else:
-        flags.append(f"--runner={args.runner}")
-        if args.runner == "PrismRunner" and not any(f.startswith("--prism_location") for f in flags):
-            found = default_prism()
-            flags += [f"--prism_location={found}"] if found else []
-    options = PipelineOptions(flags, save_main_session=False, pickle_library="cloudpickle")
+        required = {"runner": args.runner}
+        found = default_prism() if args.runner == "PrismRunner" else None
+        defaults = {"prism_location": found} if found else {}
+    options = PipelineOptions(
+        merge_flags(given, required=required, defaults=defaults), save_main_session=False, pickle_library="cloudpickle"
+    )
+    check_known(options, beam_args)
+    workers = options.view_as(DirectOptions).direct_num_workers
+    if workers is not None and workers < 1:
+        raise ConfigError("--direct_num_workers", f"got {workers}", "pass a value >= 1")
     validate_runner(args.runner, options)
     return options
+
+
+#: Beam options the runner group declares (so that --help lists them); see pipelines.cli.flags.
+DECLARED = ("direct_running_mode", "direct_num_workers", "prism_location")
+
+
+def _declared(args: argparse.Namespace) -> list[str]:
+    return [f"--{name}={value}" for name in DECLARED if (value := getattr(args, name, None)) is not None]
+
+
+def _names(flags: Sequence[str]) -> set[str]:
+    """Option names in ``--name=value`` / ``--name value`` flags, as spelt."""
+    return {f[2:].split("=", 1)[0] for f in flags if f.startswith("--")}
+
+
+def merge_flags(user: Sequence[str], *, required: dict[str, str | None], defaults: dict[str, str]) -> list[str]:
+    """The user's Beam flags plus the project's: a ``required`` option (``None`` = a switch) the
+    user also gave must agree, else :class:`ConfigError`; a default is added only when not given."""
+    given = _values(user)
+    for name, value in required.items():
+        if name in given and given[name] != value:
+            raise ConfigError(
+                f"--{name}",
+                f"this command needs {value or 'it on'}, got {given[name]}",
+                f"drop --{name} (the command sets it)",
+            )
+    extra = {
+        **{k: v for k, v in defaults.items() if k not in given},
+        **{k: v for k, v in required.items() if k not in given},
+    }
+    return [*user, *(f"--{k}" if v is None else f"--{k}={v}" for k, v in extra.items())]
+
+
+def _values(flags: Sequence[str]) -> dict[str, str | None]:
+    """``{name: value}`` of ``--name=value``, ``--name value`` and ``--switch`` flags."""
+    found: dict[str, str | None] = {}
+    for i, flag in enumerate(flags):
+        if not flag.startswith("--"):
+            continue
+        name, eq, value = flag[2:].partition("=")
+        following = flags[i + 1] if i + 1 < len(flags) else None
+        found[name] = value if eq else (following if following and not following.startswith("--") else None)
+    return found
+
+
+def check_known(options: PipelineOptions, beam_args: Sequence[str]) -> None:
+    """Stop on a pass-through flag that is no Beam option (Beam would drop it with a warning)."""
+    known = set(options.get_all_options(drop_default=False))
+    unknown = sorted(_names(beam_args) - known)
+    if unknown:
+        raise ConfigError(
+            f"--{unknown[0]}",
+            "is neither a flag of this command nor a Beam pipeline option",
+            "check the spelling against --help (durations take e.g. 30m, 7d)",
+        )
 
 
 def _reachable(address: str, flag: str) -> None:

@@ -19,7 +19,7 @@ step() { echo; echo "=== $*"; }
 step "1/6 generate: $USERS users x $DAYS days (with a few malformed lines and redeliveries)"
 rm -rf "$DEMO_DIR/events.jsonl.gz" "$DEMO_DIR/events.truth"
 $PY -m pipelines generate --users "$USERS" --days "$DAYS" --seed 7 \
-    --output "$DEMO_DIR/events.jsonl.gz" --candidates "$DEMO_DIR/candidates.parquet" \
+    --output "$DEMO_DIR/events.jsonl.gz" --candidates-output "$DEMO_DIR/candidates.parquet" --overwrite \
     --requests "$REQUESTS" --bad-fraction 0.0005 --duplicate-fraction 0.002
 
 step "2/6 features: histories + point-in-time training examples (Beam, local runner)"
@@ -44,7 +44,7 @@ $PY -m pipelines inspect "$DEMO_DIR/features" --plot "$DEMO_DIR/features.png"
 
 if [[ "$STAGES" != "features" ]]; then
     step "3/6 train: GEM-style model vs count baseline on a last-day holdout"
-    $PY -m pipelines train --data "$DEMO_DIR/features" --output "$DEMO_DIR/model" --overwrite \
+    $PY -m pipelines train --features "$DEMO_DIR/features" --output "$DEMO_DIR/model" --overwrite \
         | tail -1
     $PY -c "import json,sys; m=json.load(open(sys.argv[1])); print('  holdout click AUC: model %.4f, baseline %.4f' % (m['model']['click']['auc'], m['baseline']['click']['auc']))" "$DEMO_DIR/model/metrics.json"
 

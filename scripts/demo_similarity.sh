@@ -4,7 +4,7 @@
 #
 #   scripts/demo_similarity.sh DEMO_DIR
 #
-# Needs DEMO_DIR/candidates.parquet (generate --candidates) and DEMO_DIR/precompute, written by
+# Needs DEMO_DIR/candidates.parquet (generate --candidates-output) and DEMO_DIR/precompute, written by
 #   python -m pipelines precompute ... --output DEMO_DIR/precompute --all-users --store lmdb://DEMO_DIR/store
 # (STORE=uri overrides the store; REQUESTS=n how many requests are resolved, default 3).
 set -euo pipefail

@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from pipelines.errors import PipelinesError
 
@@ -41,14 +43,36 @@ class _QuietOptionalGcp(logging.Filter):
         return not str(record.msg).startswith(self.NOISE)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with every usage error ending in the fix, like the project's own errors."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}. Fix: see `{self.prog} --help`\n")
+
+
+def configure_logging(verbose: bool) -> None:
+    """The project's own progress at INFO; libraries (Beam, kafka-python, ...) only from WARNING,
+    unless ``-v``, which shows everything at DEBUG."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        force=True,
+    )
+    logging.getLogger("pipelines").setLevel(logging.DEBUG if verbose else logging.INFO)
+    for name in ("", "apache_beam.io.gcp.bigquery"):
+        logging.getLogger(name).addFilter(_QuietOptionalGcp())
+
+
 def _chosen(argv: Sequence[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
 def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The parser; only the chosen command's module is imported (to add its flags)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m pipelines",
+    invoked = os.path.basename(sys.argv[0])
+    parser = _Parser(
+        prog=invoked if invoked == "gem-pipelines" else "python -m pipelines",
         description="GEM feature and representation pipelines.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
@@ -76,10 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra and not getattr(args._module, "ACCEPTS_BEAM_ARGS", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.beam_args = extra
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(args.verbose)
     try:
         return int(args._module.run(args))
     except PipelinesError as exc:

@@ -30,13 +30,14 @@ import math
 from pathlib import Path
 from typing import Any
 
+from pipelines.cli import flags
 from pipelines.errors import ConfigError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--features", required=True, metavar="DIR", help="output folder of the features command")
-    parser.add_argument("--model", required=True, metavar="MODEL_DIR", help="output folder of the train command")
-    parser.add_argument("--output", required=True, metavar="DIR", help="folder for report.json, index/ and store/")
+    flags.add_features_input(parser)
+    flags.add_model_input(parser)
+    flags.add_output(parser, "report.json, index/ and store/")
     parser.add_argument("--truth", metavar="DIR", help="the generator's ground truth (EVENTS.truth folder)")
     parser.add_argument(
         "--candidates",
@@ -46,10 +47,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hide", type=float, default=0.5, help="share of exact pairs hidden (default: %(default)s)")
     parser.add_argument("--k", type=int, default=10, help="nearest users (default: %(default)s)")
     parser.add_argument("--max-pairs", type=int, default=6000, help="holdout pairs used (default: %(default)s)")
-    parser.add_argument("--holdout-days", type=float, default=1.0, help="days at the end held out (default: 1)")
+    flags.add_duration(parser, "--holdout", "1d", "the last stretch of event time held out")
     parser.add_argument("--ads-only", action="store_true", help="only ad impressions (default: every impression)")
     parser.add_argument("--factory", default="auto", help="FAISS factory string of the user index (default: auto)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of every sample (default: 0)")
+    flags.add_seed(parser, "every sample")
+    flags.add_device(parser, "the model and the index", default="cpu", why="; the same bits on every machine")
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -58,6 +60,8 @@ def _check(args: argparse.Namespace) -> None:
     for flag in ("k", "max_pairs"):
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')}", f"got {getattr(args, flag)}", "pass a positive number")
+    if (Path(args.output) / "report.json").exists() and not args.overwrite:
+        raise ConfigError("--output", f"{args.output} already holds a report", "pass --overwrite or another folder")
     if args.truth and not (Path(args.truth) / "users.parquet").is_file():
         raise ConfigError("--truth", f"{args.truth} has no users.parquet", "pass the EVENTS.truth folder of generate")
 
@@ -128,10 +132,11 @@ def run(args: argparse.Namespace) -> int:
         hide=args.hide,
         k=args.k,
         max_pairs=args.max_pairs,
-        holdout_days=args.holdout_days,
+        holdout_days=args.holdout / 86_400.0,
         ads_only=args.ads_only,
         factory=args.factory,
         seed=args.seed,
+        device=args.device,
     )
     report = evaluate_fallback(config)
     path = Path(args.output) / "report.json"

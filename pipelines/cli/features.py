@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
-from pipelines.errors import ConfigError
+from pipelines.cli import flags
+
+if TYPE_CHECKING:
+    from pipelines.features.examples import LabelWindows
 
 ACCEPTS_BEAM_ARGS = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pipelines.runners import add_runner_arguments
-
     parser.add_argument(
         "--input",
         nargs="+",
@@ -25,7 +27,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH_OR_GLOB",
         help="event files: .jsonl, .jsonl.gz, .parquet (globs allowed)",
     )
-    parser.add_argument("--output", required=True, metavar="DIR", help="folder for the new snapshot")
+    flags.add_output(parser, "the features snapshot")
+    add_history_arguments(parser)
+    flags.add_runner(parser)
+
+
+def add_history_arguments(parser: argparse.ArgumentParser) -> None:
+    """How histories and labels are built: shared by ``features`` and ``replay``."""
     parser.add_argument(
         "--previous", metavar="DIR", help="an earlier snapshot to merge into (incremental build); dedups against it"
     )
@@ -41,31 +49,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=16,
         help="user shards: output files per kind and the unit of parallelism (default: %(default)s)",
     )
-    parser.add_argument(
-        "--click-window-minutes",
-        type=float,
-        default=30.0,
-        help="a click on the same item within this many minutes labels an impression clicked",
+    flags.add_duration(
+        parser, "--click-window", "30m", "a click on the same item within this long labels an impression clicked"
     )
-    parser.add_argument(
-        "--conversion-window-days",
-        type=float,
-        default=7.0,
-        help="a conversion/app install/off-site conversion within this many days labels it converted",
+    flags.add_duration(
+        parser,
+        "--conversion-window",
+        "7d",
+        "a conversion, app install or off-site conversion within this long labels it converted",
     )
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing snapshot in --output")
-    add_runner_arguments(parser)
 
 
-def _windows(args: argparse.Namespace):
-    from pipelines.durations import DAY_MS, MINUTE_MS
+def label_windows(args: argparse.Namespace) -> LabelWindows:
     from pipelines.features.examples import LabelWindows
 
-    if args.click_window_minutes <= 0:
-        raise ConfigError("--click-window-minutes", f"got {args.click_window_minutes}", "pass a positive number")
-    if args.conversion_window_days <= 0:
-        raise ConfigError("--conversion-window-days", f"got {args.conversion_window_days}", "pass a positive number")
-    return LabelWindows(int(args.click_window_minutes * MINUTE_MS), int(args.conversion_window_days * DAY_MS))
+    return LabelWindows(int(args.click_window * 1000), int(args.conversion_window * 1000))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         previous=args.previous,
         max_history=args.max_history,
         num_shards=args.num_shards,
-        windows=_windows(args),
+        windows=label_windows(args),
         overwrite=args.overwrite,
     )
     summary = run_features(config, pipeline_options(args, args.beam_args), runner_for(args))

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipelines.cli import flags
 from pipelines.errors import ConfigError, OutputNotWritableError
 
 if TYPE_CHECKING:
@@ -32,12 +33,19 @@ MAX_BAD_FRACTION = 0.5
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--users", type=int, default=20_000, help="number of users (default 20000)")
     parser.add_argument("--days", type=int, default=14, help="length of the period in days (default 14)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed; same seed, same bytes (default 0)")
-    parser.add_argument(
-        "--output", type=Path, required=True, help="events file: .jsonl, .jsonl.gz or .parquet (by suffix)"
+    flags.add_seed(parser, "the world (same seed, same bytes)")
+    flags.add_output(
+        parser,
+        "the events file (.jsonl, .jsonl.gz or .parquet, by suffix) and its .truth/ folder",
+        metavar="FILE",
+        type=Path,
     )
     parser.add_argument(
-        "--candidates", type=Path, default=None, help="also write candidate sets (CANDIDATES layout) to this .parquet"
+        "--candidates-output",
+        type=Path,
+        default=None,
+        metavar="FILE.parquet",
+        help="also write candidate sets (CANDIDATES layout) to this file",
     )
     parser.add_argument(
         "--requests", type=int, default=None, help="number of candidate requests (default: one per user)"
@@ -150,10 +158,10 @@ def build_request(args: argparse.Namespace) -> Request:
             f"{args.users} users x {args.days} days is ~{config.expected_events:,.0f} events",
             f"generate at most ~{MAX_EXPECTED_EVENTS:,} events per run (fewer users or days)",
         )
-    for path in (args.output, args.candidates):
+    for flag, path in (("--output", args.output), ("--candidates-output", args.candidates_output)):
         if path is not None:
-            _check_writable(path)
-    return Request(config, args.output, args.candidates, requests, args.bad_fraction, args.duplicate_fraction)
+            _check_writable(path, flag, args.overwrite)
+    return Request(config, args.output, args.candidates_output, requests, args.bad_fraction, args.duplicate_fraction)
 
 
 def _check_range(flag: str, value: int, low: int, high: int) -> None:
@@ -163,14 +171,16 @@ def _check_range(flag: str, value: int, low: int, high: int) -> None:
 
 def _check_candidates(args: argparse.Namespace) -> int:
     requests = args.users if args.requests is None else args.requests
-    if args.candidates is None:
+    if args.candidates_output is None:
         if args.requests is not None:
-            raise ConfigError("--requests", "given without --candidates", "add --candidates PATH.parquet")
+            raise ConfigError("--requests", "given without --candidates-output", "add --candidates-output PATH.parquet")
         return 0
-    if not args.candidates.name.endswith(".parquet"):
-        raise ConfigError("--candidates", f"{args.candidates} is not a .parquet file", "name it *.parquet")
-    if args.candidates.resolve() == args.output.resolve():
-        raise ConfigError("--candidates", "is the same file as --output", "write candidates to another path")
+    if not args.candidates_output.name.endswith(".parquet"):
+        raise ConfigError(
+            "--candidates-output", f"{args.candidates_output} is not a .parquet file", "name it *.parquet"
+        )
+    if args.candidates_output.resolve() == args.output.resolve():
+        raise ConfigError("--candidates-output", "is the same file as --output", "write candidates to another path")
     _check_range("--requests", requests, 0, 50_000_000)
     return requests
 
@@ -204,7 +214,9 @@ def _start_ms(text: str) -> int:
     return int(parsed.timestamp() * 1000)
 
 
-def _check_writable(path: Path) -> None:
+def _check_writable(path: Path, flag: str, overwrite: bool) -> None:
+    if path.is_file() and not overwrite:
+        raise ConfigError(flag, f"{path} already exists", "pass --overwrite or choose another path")
     parent = path.parent if str(path.parent) else Path(".")
     existing = next((p for p in (parent, *parent.parents) if p.exists()), Path("."))
     if not existing.is_dir() or not os.access(existing, os.W_OK):

@@ -17,19 +17,19 @@ from __future__ import annotations
 import argparse
 import json
 
+from pipelines.cli import flags
+
 ACCEPTS_BEAM_ARGS = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pipelines.runners import add_runner_arguments
-
     parser.add_argument(
         "--representations",
         required=True,
         metavar="DIR",
         help="a precompute --output folder (or its representations/ folder, or one file)",
     )
-    parser.add_argument("--output", required=True, metavar="INDEX_DIR", help="folder for the index")
+    flags.add_output(parser, "the index", metavar="INDEX_DIR")
     parser.add_argument(
         "--factory",
         default="auto",
@@ -42,12 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("ip", "l2"),
         help="ip = cosine on the L2-normalised user embeddings (default: %(default)s)",
     )
-    parser.add_argument(
-        "--gpu",
-        default="auto",
-        choices=("auto", "off"),
-        help="auto: faiss GPU indexes when a GPU is visible (default: %(default)s)",
-    )
+    flags.add_device(parser, "FAISS trains and adds (cuda: faiss GPU indexes)")
     parser.add_argument(
         "--shards",
         type=int,
@@ -60,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="training sample size (default: 40 per IVF list, at least 65,536, at most all)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the training and tuning samples (default: 0)")
+    flags.add_seed(parser, "the training and tuning samples")
     parser.add_argument(
         "--search-params", default=None, help="fixed search parameters, e.g. nprobe=16 or efSearch=128 (default: tuned)"
     )
@@ -70,19 +65,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.95,
         help="recall@10 the tuned search parameter must reach (default: %(default)s)",
     )
-    parser.add_argument("--overwrite", action="store_true", help="replace an index already in INDEX_DIR")
-    add_runner_arguments(parser)
+    flags.add_runner(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from pipelines.runners import pipeline_options, runner_for
     from pipelines.similarity.build import BuildSpec
+    from pipelines.similarity.faiss_ops import faiss_gpu_mode
     from pipelines.similarity.pipeline import IndexConfig, run_index
 
     spec = BuildSpec(
         factory=args.factory,
         metric=args.metric,
-        gpu=args.gpu,
+        gpu=faiss_gpu_mode(args.device),
         shards=args.shards,
         train_size=args.train_size,
         seed=args.seed,

@@ -17,6 +17,7 @@ import json
 import math
 import time
 
+from pipelines.cli import flags
 from pipelines.errors import ConfigError
 
 
@@ -25,11 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--index", required=True, metavar="INDEX_DIR", help="output folder of the index command")
     parser.add_argument("--user", required=True, type=int, help="the requesting user id")
     parser.add_argument("--ads", required=True, help="candidate ad ids, comma-separated")
-    parser.add_argument("--max-age", default="1h", help="an exact pair older than this is stale (default: 1h)")
-    parser.add_argument(
-        "--fallback-max-age",
-        default="7d",
-        help="staleness bound of same-user and neighbours' representations (default: 7d)",
+    flags.add_duration(parser, "--max-age", "1h", "an exact pair older than this is stale")
+    flags.add_duration(
+        parser, "--fallback-max-age", "7d", "staleness bound of same-user and neighbours' representations"
     )
     parser.add_argument("--k", type=int, default=10, help="nearest users searched (default: %(default)s)")
     parser.add_argument(
@@ -51,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "representation cannot answer (a second, smaller trip) (default: %(default)s)",
     )
     parser.add_argument("--model-version", default=None, help="fail unless the index serves this model_version")
-    parser.add_argument("--gpu", default="auto", choices=("auto", "off"), help="search on a GPU when present")
+    flags.add_device(parser, "the index search")
     parser.add_argument("--json", action="store_true", help="print one JSON object per ad, embeddings included")
 
 
@@ -65,36 +64,28 @@ def _ads(text: str) -> list[int]:
     return ads
 
 
-def _seconds(flag: str, text: str) -> float:
-    from pipelines.durations import parse_duration
-
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise ConfigError(flag, str(exc), "give a duration like 90s, 15m, 2h, 7d") from exc
-
-
 def _fmt(x: float | None, spec: str, unit: str = "") -> str:
     width = int("".join(c for c in spec.split(".")[0] if c.isdigit()) or 0)
     return "-".rjust(width + len(unit)) if x is None or math.isnan(x) else format(x, spec) + unit
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipelines.similarity.faiss_ops import faiss_gpu_mode
     from pipelines.similarity.policy import ResolverConfig
     from pipelines.similarity.resolver import Resolver
     from pipelines.similarity.user_index import UserIndex
     from pipelines.store import open_store
 
     config = ResolverConfig(
-        max_age_s=_seconds("--max-age", args.max_age),
-        fallback_max_age_s=_seconds("--fallback-max-age", args.fallback_max_age),
+        max_age_s=args.max_age,
+        fallback_max_age_s=args.fallback_max_age,
         k=args.k,
         min_neighbors=args.min_neighbors,
         paths=tuple(p.strip() for p in args.paths.split(",") if p.strip()),
         neighbor_reads=args.neighbor_reads,
     )
     ads = _ads(args.ads)
-    index = UserIndex.load(args.index, gpu=args.gpu)
+    index = UserIndex.load(args.index, gpu=faiss_gpu_mode(args.device))
     with open_store(args.store) as store:
         started = time.perf_counter()
         got = Resolver(store, index, config).resolve(args.user, ads, model_version=args.model_version)

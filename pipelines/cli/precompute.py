@@ -12,13 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 
+from pipelines.cli import flags
+
 ACCEPTS_BEAM_ARGS = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pipelines.runners import add_runner_arguments
-
-    parser.add_argument("--features", required=True, metavar="DIR", help="output folder of the features command")
+    flags.add_features_input(parser)
     parser.add_argument(
         "--candidates",
         required=True,
@@ -26,15 +26,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH_OR_GLOB",
         help="candidate sets (CANDIDATES layout Parquet)",
     )
-    parser.add_argument("--model", required=True, metavar="MODEL_DIR", help="output folder of the train command")
-    parser.add_argument("--output", required=True, metavar="DIR", help="folder for representations")
+    flags.add_model_input(parser)
+    flags.add_output(parser, "the representations")
     parser.add_argument(
         "--store", metavar="URI", help="also write to an online store: lmdb:///path or redis://host:port/db"
     )
     parser.add_argument(
         "--all-users", action="store_true", help="also emit a user-level representation for every user with a history"
     )
-    parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
+    flags.add_device(parser)
     parser.add_argument(
         "--batching",
         default="tokens",
@@ -53,8 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=64,
         help="requests per inference batch with --batching count (default: %(default)s)",
     )
-    parser.add_argument("--overwrite", action="store_true", help="replace existing representations in --output")
-    add_runner_arguments(parser)
+    flags.add_runner(parser)
 
 
 def run(args: argparse.Namespace) -> int:

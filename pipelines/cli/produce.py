@@ -2,7 +2,7 @@
 
 Reads --input (.jsonl, .jsonl.gz: lines are sent as they are, malformed ones
 included, so that they reach the dead letters downstream; .parquet: rows are
-encoded to the wire format), creates --topic with --partitions if it does not
+encoded to the wire format), creates --topic with --num-partitions if it does not
 exist, and sends every record with acks=all; the command ends only after the
 broker acknowledged all of them. --rate caps messages per second (e.g. to feed
 a streaming job at a steady rate). Connection flags (or GEM_KAFKA_* variables)
@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from pipelines.cli import flags
 from pipelines.errors import ConfigError
 
 ACCEPTS_BEAM_ARGS = False
@@ -31,7 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--rate", type=float, default=0.0, help="at most this many messages per second (default: as fast as possible)"
     )
     parser.add_argument(
-        "--partitions", type=int, default=4, help="partitions when the topic is created (default: %(default)s)"
+        "--num-partitions",
+        type=flags.positive(),
+        default=4,
+        help="partitions when the topic is created (default: %(default)s)",
     )
     parser.add_argument(
         "--kafka-backend",
@@ -39,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=BACKENDS,
         help="client library (default: %(default)s; confluent needs the kafka-fast extra)",
     )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    flags.add_progress(parser)
     add_connection_arguments(parser)
 
 
@@ -70,12 +74,10 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("kafka").setLevel(logging.WARNING)  # its INFO lines are per-connection noise
     if args.rate < 0:
         raise ConfigError("--rate", f"got {args.rate}", "pass a positive number of messages per second, or 0")
-    if args.partitions < 1:
-        raise ConfigError("--partitions", f"got {args.partitions}", "pass a value >= 1")
     connection = connection_from_args(args)
     open_lookup(connection).close()  # fails fast, naming the flag, when the cluster is unreachable
     total, batches = file_messages(args.input, batch=max(1, min(10_000, int(args.rate) or 10_000)))
-    created = ensure_topic(connection, args.topic, args.partitions)
+    created = ensure_topic(connection, args.topic, args.num_partitions)
     sink = open_sink(connection, args.topic, args.kafka_backend)
     started, sent, unkeyed = time.perf_counter(), 0, 0
     pacer = Pacer(args.rate)

@@ -23,10 +23,11 @@ import logging
 import tempfile
 from typing import TYPE_CHECKING
 
+from pipelines.cli import flags
+from pipelines.cli.features import add_history_arguments, label_windows
 from pipelines.errors import ConfigError
 
 if TYPE_CHECKING:
-    from pipelines.features.examples import LabelWindows
     from pipelines.io.kafka.config import KafkaConnection
 
 ACCEPTS_BEAM_ARGS = True
@@ -36,7 +37,6 @@ log = logging.getLogger(__name__)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pipelines.io.kafka.config import add_connection_arguments
     from pipelines.io.kafka.consume import BACKENDS
-    from pipelines.runners import add_runner_arguments
 
     parser.add_argument("--topic", required=True, help="topic to replay")
     parser.add_argument(
@@ -54,12 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="end offset or time, exclusive (default: %(default)s)",
     )
     parser.add_argument("--partitions", metavar="P[,P...]", help="only these partitions (default: all)")
-    parser.add_argument("--output", metavar="DIR", help="folder for the snapshot (Parquet)")
+    flags.add_output(parser, "the features snapshot (Parquet)", required=False)
     parser.add_argument("--to-topic", metavar="TOPIC", help="publish the histories to this topic (JSON per user)")
     parser.add_argument("--dead-letter-topic", metavar="TOPIC", help="also publish the dead letters here")
     parser.add_argument(
         "--max-split",
-        type=int,
+        type=flags.positive(),
         default=500_000,
         help="at most this many messages per read split (default: %(default)s)",
     )
@@ -69,14 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=BACKENDS,
         help="client library (default: %(default)s; confluent needs the kafka-fast extra)",
     )
-    parser.add_argument("--previous", metavar="DIR", help="an earlier snapshot to merge into (incremental build)")
-    parser.add_argument("--max-history", type=int, default=4096, help="events kept per user (default: %(default)s)")
-    parser.add_argument("--num-shards", type=int, default=16, help="user shards (default: %(default)s)")
-    parser.add_argument("--click-window-minutes", type=float, default=30.0, help="click label window")
-    parser.add_argument("--conversion-window-days", type=float, default=7.0, help="conversion label window")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing snapshot in --output")
+    add_history_arguments(parser)
     add_connection_arguments(parser)
-    add_runner_arguments(parser)
+    flags.add_runner(parser)
 
 
 def _partitions(text: str | None) -> list[int] | None:
@@ -86,15 +81,6 @@ def _partitions(text: str | None) -> list[int] | None:
         return [int(p) for p in text.split(",") if p.strip()]
     except ValueError as exc:
         raise ConfigError("--partitions", f"got {text!r}", "pass partition numbers like 0,1,2") from exc
-
-
-def _windows(args: argparse.Namespace) -> LabelWindows:
-    from pipelines.durations import DAY_MS, MINUTE_MS
-    from pipelines.features.examples import LabelWindows
-
-    if args.click_window_minutes <= 0 or args.conversion_window_days <= 0:
-        raise ConfigError("--click-window-minutes", "label windows must be positive", "pass positive numbers")
-    return LabelWindows(int(args.click_window_minutes * MINUTE_MS), int(args.conversion_window_days * DAY_MS))
 
 
 def _publish(
@@ -139,8 +125,6 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("kafka").setLevel(logging.WARNING)  # its INFO lines are per-connection noise
     if not args.output and not args.to_topic:
         raise ConfigError("--output", "no destination given", "pass --output DIR and/or --to-topic TOPIC")
-    if args.max_split < 1:
-        raise ConfigError("--max-split", f"got {args.max_split}", "pass a value >= 1")
     start, stop = Position.parse(args.start, "--from"), Position.parse(args.stop, "--to")
     connection = connection_from_args(args)
     options = pipeline_options(args, args.beam_args)
@@ -156,11 +140,15 @@ def run(args: argparse.Namespace) -> int:
         previous=args.previous,
         max_history=args.max_history,
         num_shards=args.num_shards,
-        windows=_windows(args),
+        windows=label_windows(args),
         overwrite=args.overwrite,
     )
     source = ReadEventsFromKafka(
-        connection, split_ranges(ranges, args.max_split), num_shards=args.num_shards, backend=args.kafka_backend
+        connection,
+        split_ranges(ranges, args.max_split),
+        num_shards=args.num_shards,
+        backend=args.kafka_backend,
+        keep_buffers=True,  # this command owns its worker processes (GEM_KEEP_BUFFERS=0 opts out)
     )
     log.info("replay: %s, %d message(s) in %d partition(s)", args.topic, sum(r.size for r in ranges), len(ranges))
     summary = run_features(config, options, runner_for(args), source)

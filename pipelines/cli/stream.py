@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from pipelines.cli import flags
 from pipelines.errors import ConfigError
 
 ACCEPTS_BEAM_ARGS = True
@@ -32,7 +33,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--topic", required=True, help="topic of events")
     parser.add_argument("--group", required=True, help="consumer group whose offsets the job commits")
-    parser.add_argument("--output", required=True, metavar="DIR", help="folder for flush files and dead letters")
+    parser.add_argument(
+        "--output",
+        required=True,
+        metavar="DIR",
+        help="folder of the job's state: flush files and dead letters (a restarted job resumes from it)",
+    )
     parser.add_argument(
         "--from",
         dest="start",
@@ -44,15 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dead-letter-topic", metavar="TOPIC", help="also publish dead letters here")
     parser.add_argument("--num-shards", type=int, default=16, help="user shards = state keys (default: %(default)s)")
     parser.add_argument("--max-history", type=int, default=4096, help="events kept per user (default: %(default)s)")
-    parser.add_argument(
-        "--flush-interval", type=float, default=1.0, help="seconds between flushes of a shard (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--idle-exit",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="finish when no message arrived for this long (default: run until stopped)",
+    flags.add_duration(parser, "--flush-interval", "1s", "time between flushes of a shard")
+    flags.add_duration(
+        parser, "--idle-exit", None, "finish when no message arrived for this long; without it, run until stopped"
     )
     parser.add_argument(
         "--model",
@@ -72,15 +72,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="candidate sets (CANDIDATES Parquet): also refresh each touched user's pair "
         "representations for their latest candidate set",
     )
-    parser.add_argument(
+    flags.add_duration(
+        parser,
         "--candidate-ttl",
-        type=float,
-        default=86_400.0,
-        metavar="SECONDS",
-        help="a candidate set is recent if requested at most this long before the user's last "
-        "event (default: %(default)s)",
+        "1d",
+        "a candidate set is recent if requested at most this long before the user's last event",
     )
-    parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
+    flags.add_device(parser, "the representation refresh")
     parser.add_argument(
         "--torch-threads",
         type=int,
@@ -88,8 +86,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="CPU threads of the refresh's inference: the reader, the flusher and the runner "
         "share the worker's cores (default: %(default)s)",
     )
-    parser.add_argument("--prism-location", default=None, help="Prism binary (default: .cache/bin/prism)")
     add_connection_arguments(parser)
+    group = parser.add_argument_group(
+        "runner", "the job runs on Beam's Prism; other Beam pipeline options in Beam's spelling go to Beam as given"
+    )
+    flags.beam_flag(group, "prism_location", metavar="PATH", help="Prism binary (Beam's option; default: make prism's)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
 
     from pipelines.io.kafka.config import connection_from_args
     from pipelines.io.kafka.ranges import Position
-    from pipelines.runners import default_prism
+    from pipelines.runners import check_known, default_prism, merge_flags
     from pipelines.streaming.config import StreamConfig
     from pipelines.streaming.job import build_stream, start_offsets
 
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     prism = args.prism_location or default_prism()
     if not prism:
         raise ConfigError(
-            "--prism-location",
+            "--prism_location",
             "no Prism binary found",
             "build it with `make prism` (Beam would otherwise download it at run time)",
         )
@@ -144,21 +145,18 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger(__name__).info(
         "stream: %s from %s", args.topic, ", ".join(f"{s.partition}@{s.start}" for s in starts)
     )
-    options = PipelineOptions(
-        [
-            *args.beam_args,
-            "--runner=PrismRunner",
-            f"--prism_location={prism}",
-            "--environment_type=LOOPBACK",
-            "--streaming",
-            # The SDK state cache served stale bag contents across bundles on Prism in
-            # lab runs (buffered events lost); every state read (the commit ledger)
-            # goes to the runner.
-            "--max_cache_memory_usage_mb=0",
-        ],
-        save_main_session=False,
-        pickle_library="cloudpickle",
+    flags_ = merge_flags(
+        args.beam_args,
+        required={"runner": "PrismRunner", "streaming": None, "prism_location": prism},
+        defaults={
+            "environment_type": "LOOPBACK",
+            # Prism 2.77's SDK state cache can serve stale state across bundles; with no cache
+            # every state read (the commit ledger) goes to the runner.
+            "max_cache_memory_usage_mb": "0",
+        },
     )
+    options = PipelineOptions(flags_, save_main_session=False, pickle_library="cloudpickle")
+    check_known(options, args.beam_args)
     with beam.Pipeline(options=options) as p:
         build_stream(p, connection, config, starts)
     print(f"stream: {args.topic} finished (idle for {args.idle_exit} s); histories in {args.output}/histories")

@@ -16,15 +16,16 @@ import json
 import os
 from pathlib import Path
 
+from pipelines.cli import flags
 from pipelines.errors import ConfigError, OutputNotWritableError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", required=True, metavar="DIR", help="a features output folder")
-    parser.add_argument("--output", required=True, metavar="MODEL_DIR", help="where model.pt and metrics.json go")
+    flags.add_features_input(parser)
+    flags.add_output(parser, "the model (model.pt and metrics.json)", metavar="MODEL_DIR")
     parser.add_argument("--epochs", type=int, default=1, help="passes over the training sample (default: %(default)s)")
-    parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda (default: auto)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of sampling, init and order (default: 0)")
+    flags.add_device(parser)
+    flags.add_seed(parser, "sampling, initialisation and order")
     parser.add_argument(
         "--max-examples",
         type=int,
@@ -37,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=10_000,
         help="holdout examples sampled from the last day; 0 = all (default: %(default)s)",
     )
-    parser.add_argument("--holdout-days", type=float, default=1.0, help="days held out at the end (default: 1)")
+    flags.add_duration(parser, "--holdout", "1d", "the last stretch of event time held out for evaluation")
     parser.add_argument(
         "--positive-share",
         type=float,
@@ -85,8 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "threads mostly wait on each other on a shared machine, and one thread gives the "
         "same bits on any machine)",
     )
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    parser.add_argument("--overwrite", action="store_true", help="replace a model already in MODEL_DIR")
+    flags.add_progress(parser)
 
 
 def _positive(args: argparse.Namespace, name: str, allow_zero: bool = False) -> None:
@@ -105,20 +105,17 @@ def _check(args: argparse.Namespace) -> None:
         "layers",
         "d-model",
         "block-size",
-        "holdout-days",
         "threads",
     ):
         _positive(args, name)
     for name in ("max-examples", "max-holdout"):
         _positive(args, name, allow_zero=True)
-    if args.device not in ("auto", "cpu", "cuda") and not args.device.startswith("cuda:"):
-        raise ConfigError("--device", f"unknown device {args.device!r}", "pass auto, cpu or cuda")
     if args.d_model % 4:
         raise ConfigError("--d-model", f"{args.d_model} is not a multiple of 4 heads", "pass e.g. 32, 64 or 128")
-    data = Path(args.data)
+    data = Path(args.features)
     if not (data / "histories").is_dir() or not (data / "training_examples").is_dir():
         raise ConfigError(
-            "--data",
+            "--features",
             f"{data} has no histories/ and training_examples/ folders",
             "pass the --output folder of `python -m pipelines features`",
         )
@@ -157,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         learning_rate=args.learning_rate,
         max_examples=args.max_examples or None,
         max_holdout=args.max_holdout or None,
-        holdout_days=args.holdout_days,
+        holdout_days=args.holdout / 86_400.0,
         positive_share=args.positive_share or None,
         interest_weight=args.interest_weight,
         seed=args.seed,
@@ -165,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         compare_skip=args.compare_skip,
     )
-    metrics = train_model(args.data, args.output, model_config, tc)
+    metrics = train_model(args.features, args.output, model_config, tc)
     summary = {
         part: {task: {k: metrics[part][task][k] for k in ("auc", "ne")} for task in ("click", "conversion")}
         for part in ("model", "baseline")

@@ -169,12 +169,13 @@ class ReadEventsFromKafka(beam.PTransform):
         num_shards: int,
         backend: str = "kafka-python",
         max_batch: int = 20_000,
+        keep_buffers: bool = False,
     ) -> None:
         super().__init__()
         from pipelines.io.kafka.beam import ReadFromKafka
 
         _check_shards(num_shards)
-        self._read = ReadFromKafka(connection, ranges, backend=backend, max_batch=max_batch)
+        self._read = ReadFromKafka(connection, ranges, backend=backend, max_batch=max_batch, keep_buffers=keep_buffers)
         self._num_shards = num_shards
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.pvalue.DoOutputsTuple:

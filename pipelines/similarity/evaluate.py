@@ -40,6 +40,7 @@ from pipelines.model.checkpoint import load_model
 from pipelines.model.gem import GemModel
 from pipelines.model.inputs import HistoryIndex
 from pipelines.model.train.data import load_features, split_by_time
+from pipelines.similarity import faiss_ops as ops
 from pipelines.similarity.build import BuildSpec, build_index, write_built
 from pipelines.similarity.metrics import cosine_rows, gain_table, same_segment_share
 from pipelines.similarity.model_reps import PairQueries, PairReps, click_logits, pair_reps, user_ad_scores, user_reps_at
@@ -77,6 +78,7 @@ class EvalConfig:
     ads_only: bool = False
     factory: str = "auto"
     seed: int = 0
+    device: str = "cpu"
 
 
 @dataclass
@@ -135,7 +137,9 @@ def _prepare(config: EvalConfig, model: GemModel, index: HistoryIndex, examples:
         np.full(len(users), cutoff_ms, np.int64),
         np.full(len(users), model.model_version, dtype=object),
     )
-    built = build_index(user_vectors, BuildSpec(factory=config.factory, gpu="off", seed=config.seed))
+    built = build_index(
+        user_vectors, BuildSpec(factory=config.factory, gpu=ops.faiss_gpu_mode(config.device), seed=config.seed)
+    )
     write_built(built, Path(config.output) / "index")
     hidden = np.random.default_rng(config.seed + 1).random(len(q)) < config.hide
     clicked = np.asarray(rows.column("clicked").to_numpy(zero_copy_only=False), np.float64)
@@ -357,7 +361,7 @@ def evaluate_fallback(config: EvalConfig, *, model: GemModel | None = None) -> d
     started = time.perf_counter()
     out = Path(config.output)
     out.mkdir(parents=True, exist_ok=True)
-    model = model or load_model(config.model, device="cpu")
+    model = model or load_model(config.model, device=config.device)
     histories, examples = load_features(config.features)
     index = HistoryIndex(histories)
     world = _prepare(config, model, index, examples)

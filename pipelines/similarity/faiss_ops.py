@@ -40,6 +40,7 @@ _MIN_TRAIN = 65_536
 __all__ = [
     "exact_search",
     "faiss",
+    "faiss_gpu_mode",
     "gpu_count",
     "merge_indexes",
     "mergeable",
@@ -126,6 +127,21 @@ def gpu_count(mode: GpuMode) -> int:
     if mode == "off" or not hasattr(faiss, "StandardGpuResources"):
         return 0
     return int(faiss.get_num_gpus())
+
+
+def faiss_gpu_mode(device: str) -> GpuMode:
+    """The GPU mode for a ``--device {auto,cpu,cuda}`` flag; ``cuda`` needs a GPU faiss can use."""
+    if device == "cpu":
+        return "off"
+    if device == "cuda" and gpu_count("auto") == 0:
+        raise ConfigError(
+            "--device",
+            "cuda was asked for but faiss sees no GPU (faiss-cpu installed, or no GPU visible)",
+            "install the gpu extra on a GPU machine, or pass --device auto or cpu",
+        )
+    if device not in ("auto", "cuda"):
+        raise ConfigError("--device", f"unknown device {device!r}", "pass auto, cpu or cuda")
+    return "auto"
 
 
 def to_gpu(index: Any, mode: GpuMode) -> tuple[Any, bool]:

@@ -30,10 +30,10 @@ def _cli(*args: str) -> str:
 def _file_run(events: Path, output: Path, num_shards: int = 4) -> dict:
     import argparse
 
-    from pipelines.runners import add_runner_arguments
+    from pipelines.cli.flags import add_runner
 
     parser = argparse.ArgumentParser()
-    add_runner_arguments(parser)
+    add_runner(parser)
     args = parser.parse_args([])
     config = FeaturesConfig(inputs=[str(events)], output=str(output), num_shards=num_shards)
     return run_features(config, pipeline_options(args), runner_for(args))

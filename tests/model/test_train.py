@@ -63,7 +63,7 @@ def test_cli_trains_end_to_end(features_dir: Path, tmp_path: Path, capsys: pytes
     code = main(
         [
             "train",
-            "--data",
+            "--features",
             str(features_dir),
             "--output",
             str(out),
@@ -110,7 +110,7 @@ def test_python_dash_m_pipelines_train(features_dir: Path, tmp_path: Path) -> No
             "-m",
             "pipelines",
             "train",
-            "--data",
+            "--features",
             str(features_dir),
             "--output",
             str(out),
@@ -144,7 +144,10 @@ def test_python_dash_m_pipelines_train(features_dir: Path, tmp_path: Path) -> No
 def test_bad_flags_fail_before_any_work(
     features_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
 ) -> None:
-    code = main(["train", "--data", str(features_dir), "--output", str(tmp_path / "m"), *flags])
+    try:
+        code = main(["train", "--features", str(features_dir), "--output", str(tmp_path / "m"), *flags])
+    except SystemExit as usage_error:  # a value outside the flag's choices stops argparse itself
+        code = int(usage_error.code or 0)
     assert code == 2
     err = capsys.readouterr().err
     assert message in err and "Fix:" in err
@@ -154,11 +157,11 @@ def test_bad_flags_fail_before_any_work(
 def test_missing_data_and_existing_model_are_clear_errors(
     features_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["train", "--data", str(tmp_path / "nowhere"), "--output", str(tmp_path / "m")]) == 2
-    assert "--data" in capsys.readouterr().err
+    assert main(["train", "--features", str(tmp_path / "nowhere"), "--output", str(tmp_path / "m")]) == 2
+    assert "--features" in capsys.readouterr().err
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "model.pt").write_bytes(b"x")
-    assert main(["train", "--data", str(features_dir), "--output", str(tmp_path / "m")]) == 2
+    assert main(["train", "--features", str(features_dir), "--output", str(tmp_path / "m")]) == 2
     assert "--overwrite" in capsys.readouterr().err
 
 

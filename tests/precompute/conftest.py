@@ -49,7 +49,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
                 "5",
                 "--output",
                 str(events),
-                "--candidates",
+                "--candidates-output",
                 str(candidates),
                 "--requests",
                 "120",

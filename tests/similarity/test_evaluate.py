@@ -37,7 +37,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 "5",
                 "--output",
                 str(root / "events.parquet"),
-                "--candidates",
+                "--candidates-output",
                 str(root / "candidates.parquet"),
                 "--requests",
                 "150",

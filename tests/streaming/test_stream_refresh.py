@@ -43,7 +43,7 @@ def _world(tmp_path: Path) -> tuple[list[bytes], Path, Path]:
             "31",
             "--output",
             str(events),
-            "--candidates",
+            "--candidates-output",
             str(candidates),
             "--requests",
             "60",

@@ -17,6 +17,7 @@ from apache_beam.metrics import Metrics
 
 from pipelines.io.kafka.config import KafkaConnection
 from pipelines.io.kafka.consume import BACKENDS, Fetcher, MessageBatch, open_fetcher, prefetched
+from pipelines.io.kafka.memory import keep_large_buffers
 from pipelines.io.kafka.ranges import PartitionRange
 
 __all__ = ["ReadFromKafka", "WriteToKafka"]
@@ -27,11 +28,14 @@ NAMESPACE = "kafka"
 class _FetchRangeFn(beam.DoFn):
     """A partition range → its :class:`MessageBatch` es in offset order (fetched ahead on a thread)."""
 
-    def __init__(self, connection: KafkaConnection, backend: str, max_batch: int) -> None:
+    def __init__(self, connection: KafkaConnection, backend: str, max_batch: int, keep_buffers: bool) -> None:
         self._connection, self._backend, self._max_batch = connection, backend, max_batch
+        self._keep_buffers = keep_buffers
         self._fetcher: Fetcher | None = None
 
     def setup(self) -> None:
+        if self._keep_buffers:
+            keep_large_buffers()  # each response passes through several buffers of its size
         self._fetcher = open_fetcher(self._connection, self._backend, max_batch=self._max_batch)
         self._messages = Metrics.counter(NAMESPACE, "messages_read")
 
@@ -53,7 +57,10 @@ class ReadFromKafka(beam.PTransform):
     ``ranges`` are resolved before the pipeline is built
     (:func:`pipelines.io.kafka.ranges.resolve_ranges`, then
     :func:`~pipelines.io.kafka.ranges.split_ranges` for parallelism), so a run
-    reads exactly those offsets however often it is retried.
+    reads exactly those offsets however often it is retried. ``keep_buffers`` tunes each
+    worker process's allocator for bulk reads (:mod:`pipelines.io.kafka.memory`): a
+    process-wide change, so off unless the caller owns the processes (the project's
+    ``replay`` command turns it on).
     """
 
     def __init__(
@@ -63,6 +70,7 @@ class ReadFromKafka(beam.PTransform):
         *,
         backend: str = "kafka-python",
         max_batch: int = 20_000,
+        keep_buffers: bool = False,
     ) -> None:
         super().__init__()
         if backend not in BACKENDS:
@@ -70,14 +78,14 @@ class ReadFromKafka(beam.PTransform):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self._connection, self._ranges = connection, [r for r in ranges if r.size]
-        self._backend, self._max_batch = backend, max_batch
+        self._backend, self._max_batch, self._keep_buffers = backend, max_batch, keep_buffers
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
         return (
             pbegin
             | "Ranges" >> beam.Create(self._ranges)
             | "Reshuffle" >> beam.Reshuffle()
-            | "Fetch" >> beam.ParDo(_FetchRangeFn(self._connection, self._backend, self._max_batch))
+            | "Fetch" >> beam.ParDo(_FetchRangeFn(self._connection, self._backend, self._max_batch, self._keep_buffers))
         )
 
 

@@ -24,7 +24,6 @@ import numpy as np
 
 from pipelines.errors import ConfigError, PipelinesError
 from pipelines.io.kafka.config import KafkaConnection
-from pipelines.io.kafka.memory import keep_large_buffers
 from pipelines.io.kafka.ranges import PartitionRange
 from pipelines.io.kafka.records import RecordsError, parse_records
 from pipelines.io.payloads import Payloads
@@ -190,7 +189,6 @@ class KafkaPythonFetcher:
     ) -> None:
         from kafka.net.compat import KafkaNetClient
 
-        keep_large_buffers()  # each response passes through several buffers of its size
         self._max_batch, self._stall_s, self._clock = max_batch, stall_s, clock
         # One attempt never outlasts the stall limit, so an unreachable broker fails in about stall_s.
         self._partition_bytes, self._timeout_ms = partition_bytes, int(min(timeout_s, stall_s) * 1000)

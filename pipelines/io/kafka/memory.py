@@ -9,9 +9,11 @@ is a noticeable share of a bulk reader's CPU (bench/RESULTS.md, kafka). Raising
 the mmap threshold and the trim threshold lets freed buffers be reused.
 
 The cost is that a process keeps up to ``TRIM_BYTES`` of freed memory after a
-peak, which a bulk reader reuses anyway. It is a process-wide setting, so it is
-applied where bulk reads start (:class:`pipelines.io.kafka.consume.KafkaPythonFetcher`),
-once per process, and only with glibc; ``GEM_KEEP_BUFFERS=0`` turns it off.
+peak, which a bulk reader reuses anyway. It is a process-wide setting, so a library
+never applies it behind its host's back: it is an opt-in,
+``ReadFromKafka(keep_buffers=True)`` (set by the project's own ``replay`` command),
+applied once per worker process and only with glibc; ``GEM_KEEP_BUFFERS=0`` turns it
+off even then.
 """
 
 from __future__ import annotations

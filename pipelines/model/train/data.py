@@ -24,7 +24,7 @@ _EXAMPLE_COLUMNS = list(TRAINING_EXAMPLE.schema.names)
 def _read(folder: Path, layout: Layout, columns: list[str] | None = None) -> pa.Table:
     if not folder.is_dir():
         raise InputNotFoundError(
-            f"{folder}: not found; pass --data a features output folder (python -m pipelines features --output DIR)"
+            f"{folder}: not found; pass --features a features output folder (python -m pipelines features --output DIR)"
         )
     files = sorted(str(p) for p in folder.rglob("*.parquet"))
     if not files:
@@ -40,7 +40,7 @@ def load_features(data_dir: str | Path) -> tuple[pa.Table, pa.Table]:
     """``(histories, training_examples)`` of a features output folder."""
     root = Path(data_dir)
     if not root.is_dir():
-        raise ConfigError("--data", f"{root} is not a folder", "pass the --output folder of `pipelines features`")
+        raise ConfigError("--features", f"{root} is not a folder", "pass the --output folder of `pipelines features`")
     histories = _read(root / "histories", HISTORY)
     examples = _read(root / "training_examples", TRAINING_EXAMPLE, _EXAMPLE_COLUMNS)
     return histories, examples
@@ -58,16 +58,16 @@ class TimeSplit:
 def split_by_time(examples: pa.Table, holdout_days: float = 1.0) -> TimeSplit:
     """Hold out the last ``holdout_days`` of impressions (by ``event_time``)."""
     if examples.num_rows == 0:
-        raise ConfigError("--data", "the folder holds no training examples", "generate a larger world")
+        raise ConfigError("--features", "the folder holds no training examples", "generate a larger world")
     times = examples.column("event_time").cast(pa.int64())
     cutoff = int(pc.max(times).as_py()) - int(holdout_days * DAY_MS)
     is_train = pc.less(times, cutoff)
     split = TimeSplit(examples.filter(is_train), examples.filter(pc.invert(is_train)), cutoff)
     if split.train.num_rows == 0:
         raise ConfigError(
-            "--holdout-days",
+            "--holdout",
             f"every example falls in the last {holdout_days} days",
-            "generate more days or pass a smaller --holdout-days",
+            "generate more days or pass a shorter --holdout",
         )
     return split
 

@@ -47,3 +47,17 @@ def test_turned_off_leaves_the_allocator_alone() -> None:
     applied, faults = _probe("0")
     assert not applied
     assert faults > 10 * _PAGES  # each buffer mapped and faulted afresh: what the setting saves
+
+
+def test_building_a_fetcher_leaves_the_host_process_allocator_alone() -> None:
+    """An embedding pipeline gets no process-wide change: only ReadFromKafka(keep_buffers=True) opts in."""
+    probe = (
+        "from pipelines.io.kafka import memory\n"
+        "from pipelines.io.kafka.config import KafkaConnection\n"
+        "from pipelines.io.kafka.consume import KafkaPythonFetcher\n"
+        "fetcher = KafkaPythonFetcher(KafkaConnection(bootstrap_servers=('127.0.0.1:9',)))\n"
+        "print(memory._applied)\n"
+        "fetcher.close()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.split()[-1] == "None"

@@ -12,7 +12,7 @@ from pipelines.runners import pipeline_options, runner_for
 
 
 def _args(runner: str, workers: int = 1) -> argparse.Namespace:
-    return argparse.Namespace(runner=runner, direct_running_mode="in_memory", direct_num_workers=workers)
+    return argparse.Namespace(runner=runner, direct_running_mode=None, direct_num_workers=workers)
 
 
 def _free_port() -> int:
@@ -54,7 +54,7 @@ def test_local_runner_is_in_process_and_network_free() -> None:
 
 
 def test_bad_worker_count() -> None:
-    with pytest.raises(ConfigError, match="--direct-num-workers"):
+    with pytest.raises(ConfigError, match="--direct_num_workers"):
         pipeline_options(_args("DirectRunner", workers=0))
 
 

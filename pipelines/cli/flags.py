@@ -1,0 +1,177 @@
+"""The one flag vocabulary every command shares (after ``feast/cli/cli_options.py``).
+
+- ``--features DIR``: a folder written by ``features`` (or ``replay``), read by ``train``,
+  ``precompute``, ``evaluate-fallback``;
+- ``--model MODEL_DIR``: a folder written by ``train``;
+- ``--output``: what a command writes, always with ``--overwrite`` (a writer never replaces
+  an earlier output silently); inputs and outputs never share a name;
+- ``--device {auto,cpu,cuda}``: wherever a model or an index runs;
+- durations (ages, windows, intervals, TTLs) in one syntax: ``90s``, ``15m``, ``2h``, ``7d``
+  (:func:`pipelines.durations.parse_duration`);
+- the runner group: ``--runner`` plus Beam's own options in Beam's own spelling
+  (``--direct_running_mode``, ``--direct_num_workers``, ``--prism_location``,
+  ``--flink_master``, ...), which reach Beam exactly as given (:mod:`pipelines.runners`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pipelines.durations import parse_duration
+
+__all__ = [
+    "DEVICES",
+    "add_device",
+    "add_duration",
+    "add_features_input",
+    "add_model_input",
+    "add_output",
+    "add_progress",
+    "add_runner",
+    "add_seed",
+    "duration",
+]
+
+DEVICES = ("auto", "cpu", "cuda")
+LOCAL_RUNNERS = ("DirectRunner", "local")
+REMOTE_RUNNERS = ("FlinkRunner", "PrismRunner", "DataflowRunner", "PortableRunner")
+RUNNING_MODES = ("in_memory", "multi_threading", "multi_processing")
+
+
+def duration(text: str) -> float:
+    """An argparse ``type``: seconds in ``text`` (``90s``, ``15m``, ``2h``, ``7d``; a bare number is seconds)."""
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive duration; write e.g. 90s, 15m, 2h or 7d")
+    return seconds
+
+
+def add_duration(parser: argparse.ArgumentParser, flag: str, default: str | None, help: str) -> None:
+    """A duration flag: ``default`` in the same syntax (``"30m"``), or None for no default."""
+    shown = default if default is not None else "none"
+    parser.add_argument(
+        flag,
+        type=duration,
+        default=None if default is None else parse_duration(default),
+        metavar="DURATION",
+        help=f"{help} (default: {shown})",
+    )
+
+
+def add_features_input(parser: argparse.ArgumentParser, *, required: bool = True, what: str = "") -> None:
+    parser.add_argument(
+        "--features",
+        required=required,
+        metavar="DIR",
+        help=f"a features snapshot: the --output folder of `features` or `replay`{what}",
+    )
+
+
+def add_model_input(parser: argparse.ArgumentParser, *, required: bool = True, what: str = "") -> None:
+    parser.add_argument(
+        "--model", required=required, metavar="MODEL_DIR", help=f"a trained model: the --output folder of `train`{what}"
+    )
+
+
+def add_output(
+    parser: argparse.ArgumentParser, holds: str, *, metavar: str = "DIR", required: bool = True, **kwargs: Any
+) -> None:
+    """``--output`` and ``--overwrite`` together: ``holds`` says what the output is."""
+    parser.add_argument("--output", required=required, metavar=metavar, help=f"where to write {holds}", **kwargs)
+    parser.add_argument(
+        "--overwrite", action="store_true", help=f"replace {holds} already at --output (refused without it)"
+    )
+
+
+def add_device(parser: argparse.ArgumentParser, what: str = "the model", default: str = "auto", why: str = "") -> None:
+    parser.add_argument(
+        "--device",
+        default=default,
+        choices=DEVICES,
+        help=f"where {what} runs: auto = CUDA when a GPU is visible, else the CPU (default: %(default)s{why})",
+    )
+
+
+def add_seed(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--seed", type=int, default=0, help=f"seed of {what}; same seed, same result (default: 0)")
+
+
+def add_progress(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+class _BeamFlag(argparse.Action):
+    """A Beam option accepted in Beam's spelling and in kebab-case; giving both with different
+    values stops the command (argparse would otherwise keep the last one silently)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        seen: dict[str, tuple[str, Any]] = namespace.__dict__.setdefault("_beam_flags_seen", {})
+        earlier = seen.get(self.dest)
+        if earlier is not None and earlier[1] != values:
+            parser.error(
+                f"{earlier[0]} {earlier[1]} and {option_string} {values} set the same Beam option; give it once"
+            )
+        seen[self.dest] = (option_string or self.dest, values)
+        setattr(namespace, self.dest, values)
+
+
+def beam_flag(group: Any, name: str, **kwargs: Any) -> None:
+    """Declare Beam's option ``--name`` (and its kebab-case alias) so ``--help`` lists it."""
+    kebab = "--" + name.replace("_", "-")
+    group.add_argument(f"--{name}", kebab, dest=name, action=_BeamFlag, default=None, **kwargs)
+
+
+def add_runner(
+    parser: argparse.ArgumentParser,
+    *,
+    runners: Sequence[str] = LOCAL_RUNNERS + REMOTE_RUNNERS,
+    default: str = "DirectRunner",
+) -> None:
+    """The runner group. Beam options declared here, and any other ``--flag`` of Beam's
+    (``--flink_master``, ``--environment_type``, ...), go to Beam as given."""
+    group = parser.add_argument_group(
+        "runner",
+        "Beam pipeline options in Beam's spelling (e.g. --flink_master, --environment_type) go to Beam as "
+        "given; an unknown flag stops the command",
+    )
+    group.add_argument("--runner", default=default, choices=tuple(runners), help="Beam runner (default: %(default)s)")
+    beam_flag(
+        group,
+        "direct_running_mode",
+        choices=RUNNING_MODES,
+        help="how the local runner executes bundles (Beam's option; default: in_memory)",
+    )
+    beam_flag(
+        group,
+        "direct_num_workers",
+        type=int,
+        metavar="N",
+        help="workers of multi_threading / multi_processing (Beam's option; default: 1)",
+    )
+    beam_flag(group, "prism_location", metavar="PATH", help="Prism binary (Beam's option; default: make prism's)")
+
+
+def positive(kind: Callable[[str], Any] = int) -> Callable[[str], Any]:
+    """An argparse ``type`` for a positive number of ``kind``."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from exc
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} is not positive")
+        return value
+
+    return parse
