@@ -7,7 +7,7 @@ One topic of generator events (JSON wire format) is read end to end by
   partition ranges and decode every batch into EVENT tables + dead letters,
   exactly what ReadEventsFromKafka does inside Beam; once in this process (one
   worker), and once in READERS processes that take pieces of the partition
-  ranges as they come free, as Beam's workers do (``--direct-num-workers``, or
+  ranges as they come free, as Beam's workers do (``--direct_num_workers``, or
   a Flink/Dataflow job's parallelism).
 Each is run REPEAT times alternately; the best of each counts. Beside each rate
 the CPU it cost per message is printed: the reader's processes (all their
@@ -49,6 +49,7 @@ from bench.common import QUICK, WORK, generate, result, timed  # noqa: E402
 from pipelines.features.sources import decode_batch  # noqa: E402
 from pipelines.io.kafka.config import DEFAULT_BOOTSTRAP, KafkaConnection  # noqa: E402
 from pipelines.io.kafka.consume import BACKENDS, open_fetcher, open_lookup, prefetched  # noqa: E402
+from pipelines.io.kafka.memory import keep_large_buffers  # noqa: E402
 from pipelines.io.kafka.produce import delete_topics, ensure_topic, file_messages, open_sink  # noqa: E402
 from pipelines.io.kafka.ranges import PartitionRange, Position, resolve_ranges, split_ranges  # noqa: E402
 
@@ -112,6 +113,7 @@ class Read(NamedTuple):
 
 
 def consume_to_arrow(connection: KafkaConnection, ranges: list[PartitionRange], backend: str) -> Read:
+    keep_large_buffers()  # as ReadFromKafka(keep_buffers=True), which `replay` sets, does in each worker
     cpu = time.process_time()  # the whole process: prefetch and librdkafka threads included
     fetcher = open_fetcher(connection, backend, max_batch=20_000)
     events = dead = 0

@@ -53,7 +53,7 @@ def world(root: Path, users: int, requests: int) -> None:
             "21",
             "--output",
             str(root / "events.parquet"),
-            "--candidates",
+            "--candidates-output",
             str(root / "candidates.parquet"),
             "--requests",
             str(requests),
@@ -114,7 +114,7 @@ def main() -> None:
     )
     loop(model, by_tokens(batches[:20], BUDGET))  # warm-up
     fixed = max(1, BUDGET // int(tokens.max()))
-    args = argparse.Namespace(runner="DirectRunner", direct_running_mode="in_memory", direct_num_workers=1)
+    args = argparse.Namespace(runner="DirectRunner", direct_running_mode=None, direct_num_workers=None)
     out = root / "beam-out"
     config = PrecomputeConfig(
         features=str(root / "features"),

@@ -179,7 +179,7 @@ def stream_mix(users: int, days: int) -> str:
                 "13",
                 "--output",
                 str(events),
-                "--candidates",
+                "--candidates-output",
                 str(candidates),
                 "--requests",
                 str(users * 2),
