@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import apache_beam as beam
 import pyarrow as pa
@@ -27,6 +27,11 @@ from pipelines.io.files import Split, read_line_batches, read_row_group
 from pipelines.io.payloads import Payloads
 from pipelines.io.shards import split_by_shard
 from pipelines.io.snapshot import COUNTS, DEAD, EVENTS
+
+if TYPE_CHECKING:  # the connector needs the kafka extra; files do not
+    from pipelines.io.kafka.config import KafkaConnection
+    from pipelines.io.kafka.consume import MessageBatch
+    from pipelines.io.kafka.ranges import PartitionRange
 
 __all__ = [
     "ReadEvents",
@@ -46,7 +51,7 @@ def decode_lines(lines: Sequence[bytes], sources: Sequence[str], stage: str = "p
     return decode_events(Payloads.from_list(lines), lambda rows: [sources[int(i)] for i in rows], stage)
 
 
-def decode_batch(batch: Any, stage: str = "parse") -> ParseResult:
+def decode_batch(batch: MessageBatch, stage: str = "parse") -> ParseResult:
     """Events and dead letters of a Kafka :class:`~pipelines.io.kafka.consume.MessageBatch`."""
     return decode_events(batch.payloads, batch.sources, stage)
 
@@ -150,7 +155,7 @@ class _DecodeBatchFn(beam.DoFn):
     def setup(self) -> None:
         self._metrics = ReadMetrics.create("kafka")
 
-    def process(self, batch: Any) -> Iterator[Any]:
+    def process(self, batch: MessageBatch) -> Iterator[Any]:
         yield from emit_parsed(decode_batch(batch), self._num_shards, self._metrics)
 
 
@@ -163,8 +168,8 @@ class ReadEventsFromKafka(beam.PTransform):
 
     def __init__(
         self,
-        connection: Any,
-        ranges: Sequence[Any],
+        connection: KafkaConnection,
+        ranges: Sequence[PartitionRange],
         *,
         num_shards: int,
         backend: str = "kafka-python",
