@@ -35,9 +35,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 class _QuietOptionalGcp(logging.Filter):
-    """Drop Beam's import-time notes about optional Google Cloud clients we do not use."""
+    """Drop Beam's notes that say nothing to a user of this project: optional Google Cloud clients we
+    do not use, and RunInference's note that it could not read the process's memory usage."""
 
-    NOISE = ("apitools not found", "No module named google.cloud.bigquery_storage_v1")
+    NOISE = (
+        "apitools not found",
+        "No module named google.cloud.bigquery_storage_v1",
+        "Resource module is not available for current platform",
+    )
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not str(record.msg).startswith(self.NOISE)
