@@ -49,3 +49,8 @@ DEVICE_CODE: dict[str, int] = {name: code for code, name in enumerate(DEVICES)}
 IMPRESSION = EVENT_TYPE_CODE["impression"]
 CLICK = EVENT_TYPE_CODE["click"]
 CONVERSION_CODES: tuple[int, ...] = tuple(EVENT_TYPE_CODE[t] for t in CONVERSION_TYPES)
+
+#: Stages of the ranking funnel, widest first (CANDIDATE_SET ``stage``): retrieval hands its ads
+#: to early ranking, which narrows them for late ranking, which narrows them for the auction.
+FUNNEL_STAGES: tuple[str, ...] = ("retrieval", "early", "late", "auction")
+FUNNEL_STAGE_CODE: dict[str, int] = {name: code for code, name in enumerate(FUNNEL_STAGES)}

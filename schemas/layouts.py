@@ -142,6 +142,28 @@ CANDIDATES = Layout(
     ),
 )
 
+# One stage of one ad request in the ranking funnel (``generate --funnel``; the candidates topic).
+# A request has a row per stage, each stage's ads a subset of the previous one's, so a funnel
+# file is also its ground truth: which ads reached which stage, and when.
+CANDIDATE_SET = Layout(
+    "candidate_set",
+    1,
+    pa.schema(
+        [
+            pa.field("request_id", pa.string(), nullable=False),
+            pa.field("user_id", pa.int64(), nullable=False),
+            pa.field("surface", ENUM, nullable=False),
+            # schemas.enums.FUNNEL_STAGES code: retrieval, early, late, auction
+            pa.field("stage", ENUM, nullable=False),
+            # When this stage handed its ads on (the candidate set exists from then).
+            pa.field("stage_time", TIME, nullable=False),
+            # When the late stage needs the pairs' representations: the request's deadline.
+            pa.field("needed_by", TIME, nullable=False),
+            pa.field("ad_ids", pa.list_(pa.field("item", pa.int64(), nullable=False)), nullable=False),
+        ]
+    ),
+)
+
 
 def representation_schema(dim: int = DEFAULT_EMBEDDING_DIM) -> pa.Schema:
     """The representation layout for embeddings of ``dim`` values.
@@ -230,6 +252,7 @@ LAYOUTS: dict[str, Layout] = {
         HISTORY,
         TRAINING_EXAMPLE,
         CANDIDATES,
+        CANDIDATE_SET,
         REPRESENTATION,
         DEAD_LETTER,
         TRUTH_USERS,

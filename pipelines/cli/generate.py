@@ -4,7 +4,10 @@ Users with latent interests (segments) browse in sessions across surfaces and
 devices, see ads and organic items, click more on what matches their interests
 and, rarely and later, convert. Events go to --output (.jsonl, .jsonl.gz or
 .parquet, sorted by event_time); ground truth to OUTPUT.truth/ (users.parquet,
-items.parquet, world.json). About 3.6 events per user per day: --users 20000
+items.parquet, world.json). --funnel F.parquet adds ad requests narrowed by the
+ranking funnel (retrieval ~1000 ads, early ~200, late ~50, auction a few; one
+CANDIDATE_SET row per request and stage, anchored on impressions) and their late
+stage as CANDIDATES rows in F.late.parquet. About 3.6 events per user per day: --users 20000
 --days 14 gives ~1M events (median ~25 per user, a few users above 20,000).
 Same flags, same bytes.
 """
@@ -51,6 +54,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--requests", type=int, default=None, help="number of candidate requests (default: one per user)"
     )
     parser.add_argument(
+        "--funnel",
+        type=Path,
+        default=None,
+        metavar="FILE.parquet",
+        help="also write ranking-funnel candidate sets (CANDIDATE_SET layout) here, and the late-stage "
+        "requests (CANDIDATES layout) beside it as FILE.late.parquet",
+    )
+    parser.add_argument(
+        "--funnel-requests",
+        type=int,
+        default=None,
+        help="number of funnel requests, anchored on impressions (default: one per user)",
+    )
+    parser.add_argument(
         "--bad-fraction",
         type=float,
         default=0.0,
@@ -91,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     request = build_request(args)
     began = time.perf_counter()
     stages = tqdm(
-        total=4 + (request.candidates is not None),
+        total=4 + (request.candidates is not None) + (request.funnel is not None),
         desc="generate",
         unit="step",
         file=sys.stderr,
@@ -143,6 +160,7 @@ def build_request(args: argparse.Namespace) -> Request:
     if not 0.0 <= args.duplicate_fraction <= 1.0:
         raise ConfigError("--duplicate-fraction", f"{args.duplicate_fraction} is outside [0, 1]", "use e.g. 0.01")
     requests = _check_candidates(args)
+    funnel_requests = _check_funnel(args)
     _check_niche(args)
     config = WorldConfig(
         users=args.users,
@@ -158,10 +176,20 @@ def build_request(args: argparse.Namespace) -> Request:
             f"{args.users} users x {args.days} days is ~{config.expected_events:,.0f} events",
             f"generate at most ~{MAX_EXPECTED_EVENTS:,} events per run (fewer users or days)",
         )
-    for flag, path in (("--output", args.output), ("--candidates-output", args.candidates_output)):
+    outputs = (("--output", args.output), ("--candidates-output", args.candidates_output), ("--funnel", args.funnel))
+    for flag, path in outputs:
         if path is not None:
             _check_writable(path, flag, args.overwrite)
-    return Request(config, args.output, args.candidates_output, requests, args.bad_fraction, args.duplicate_fraction)
+    return Request(
+        config,
+        args.output,
+        args.candidates_output,
+        requests,
+        args.bad_fraction,
+        args.duplicate_fraction,
+        funnel=args.funnel,
+        funnel_requests=funnel_requests,
+    )
 
 
 def _check_range(flag: str, value: int, low: int, high: int) -> None:
@@ -182,6 +210,21 @@ def _check_candidates(args: argparse.Namespace) -> int:
     if args.candidates_output.resolve() == args.output.resolve():
         raise ConfigError("--candidates-output", "is the same file as --output", "write candidates to another path")
     _check_range("--requests", requests, 0, 50_000_000)
+    return requests
+
+
+def _check_funnel(args: argparse.Namespace) -> int:
+    requests = args.users if args.funnel_requests is None else args.funnel_requests
+    if args.funnel is None:
+        if args.funnel_requests is not None:
+            raise ConfigError("--funnel-requests", "given without --funnel", "add --funnel PATH.parquet")
+        return 0
+    if not args.funnel.name.endswith(".parquet") or args.funnel.name.endswith(".late.parquet"):
+        raise ConfigError("--funnel", f"{args.funnel} is not a .parquet file", "name it e.g. funnel.parquet")
+    others = {p.resolve() for p in (args.output, args.candidates_output) if p is not None}
+    if args.funnel.resolve() in others:
+        raise ConfigError("--funnel", "is the same file as --output or --candidates-output", "write it elsewhere")
+    _check_range("--funnel-requests", requests, 0, 10_000_000)
     return requests
 
 

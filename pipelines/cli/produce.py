@@ -1,8 +1,9 @@
-"""Load a generator events file into a Kafka topic (JSON wire format, key = user_id).
+"""Load a generator events file (or funnel file) into a Kafka topic (JSON wire format, key = user_id).
 
 Reads --input (.jsonl, .jsonl.gz: lines are sent as they are, malformed ones
 included, so that they reach the dead letters downstream; .parquet: rows are
-encoded to the wire format), creates --topic with --num-partitions if it does not
+encoded to the wire format; a funnel file from `generate --funnel` gives one
+candidate-set message per request and stage, in time order), creates --topic with --num-partitions if it does not
 exist, and sends every record with acks=all; the command ends only after the
 broker acknowledged all of them. --rate caps messages per second (e.g. to feed
 a streaming job at a steady rate). Connection flags (or GEM_KAFKA_* variables)
@@ -26,7 +27,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pipelines.io.kafka.config import add_connection_arguments
     from pipelines.io.kafka.consume import BACKENDS
 
-    parser.add_argument("--input", required=True, metavar="FILE", help="events file: .jsonl, .jsonl.gz, .parquet")
+    parser.add_argument(
+        "--input",
+        required=True,
+        metavar="FILE",
+        help="events file: .jsonl, .jsonl.gz, .parquet (or a funnel .parquet: candidate sets)",
+    )
     parser.add_argument("--topic", required=True, help="topic to write (created when missing)")
     parser.add_argument(
         "--rate", type=float, default=0.0, help="at most this many messages per second (default: as fast as possible)"

@@ -59,13 +59,19 @@ def _ranks(sizes: np.ndarray) -> np.ndarray:
     return np.arange(total) - np.repeat(np.cumsum(sizes) - sizes, sizes)
 
 
+def score_ads(world: World, user: np.ndarray, ad: np.ndarray) -> np.ndarray:
+    """``(len(user), len(ad))`` float32: log of the retrieval weight affinity^a * popularity^b of each
+    ad (item index) for each user (user index)."""
+    items = world.items
+    log_prior = (_POPULARITY_WEIGHT * np.log(items.popularity[ad])).astype(np.float32)
+    log_interest = _AFFINITY_WEIGHT * np.log(np.maximum(world.users.interest[user], 1e-6))  # (r, C) float32
+    return log_interest[:, items.category[ad]] + log_prior
+
+
 def _retrieve(world: World, user: np.ndarray, sizes: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Ad ids for every request, concatenated in request order, best first within each."""
     items = world.items
     ad = np.flatnonzero(items.is_ad)
-    log_prior = (_POPULARITY_WEIGHT * np.log(items.popularity[ad])).astype(np.float32)
-    ad_category = items.category[ad]
-    log_interest = _AFFINITY_WEIGHT * np.log(np.maximum(world.users.interest, 1e-6))  # (U, C) float32
     chunk = max(1, _CHUNK_CELLS // len(ad))
     out: list[np.ndarray] = []
     for lo in range(0, len(user), chunk):
@@ -73,7 +79,7 @@ def _retrieve(world: World, user: np.ndarray, sizes: np.ndarray, rng: np.random.
         # log w - log E with E ~ Exp(1) is log w + Gumbel noise: top-k = weighted draw without replacement
         exponential = rng.standard_exponential(size=(len(rows), len(ad)), dtype=np.float32)
         noise = np.log(np.maximum(exponential, np.float32(1e-30)))
-        score = log_interest[rows][:, ad_category] + log_prior - noise
+        score = score_ads(world, rows, ad) - noise
         top = int(k.max())
         best = np.argpartition(-score, top - 1, axis=1)[:, :top]
         best = np.take_along_axis(best, np.argsort(-np.take_along_axis(score, best, axis=1), axis=1), axis=1)

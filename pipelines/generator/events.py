@@ -18,7 +18,7 @@ from pipelines.generator.world import World, build_world
 from schemas.layouts import EVENT
 
 #: Independent random streams, so that adding one stage never changes another's draws.
-STREAMS = ("world", "sessions", "engagement", "candidates", "duplicates", "corruption")
+STREAMS = ("world", "sessions", "engagement", "candidates", "duplicates", "corruption", "funnel")
 
 _HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 _EVENT_SALT = 0x6576656E74  # "event"

@@ -1,4 +1,4 @@
-"""Write a generated world: events (JSONL, JSONL.gz or Parquet), candidates, ground truth.
+"""Write a generated world: events (JSONL, JSONL.gz or Parquet), candidates, a funnel, ground truth.
 
 :func:`write_world` is what ``python -m pipelines generate`` does after parsing its
 flags; it returns the summary that also goes into ``world.json``.
@@ -20,10 +20,11 @@ from pipelines.generator import corrupt, jsonl
 from pipelines.generator.candidates import generate_candidates
 from pipelines.generator.config import WorldConfig
 from pipelines.generator.events import GeneratedEvents, generate_events, rngs
+from pipelines.generator.funnel import generate_funnel, late_requests
 from pipelines.generator.summary import candidates_summary, events_summary
 from pipelines.generator.truth import truth_dir_for, write_truth
 from pipelines.io.parquet import write_table
-from schemas.layouts import CANDIDATES, EVENT
+from schemas.layouts import CANDIDATE_SET, CANDIDATES, EVENT
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,13 @@ class Request:
     requests: int = 0
     bad_fraction: float = 0.0
     duplicate_fraction: float = 0.0
+    funnel: Path | None = None
+    funnel_requests: int = 0
+
+
+def late_path_for(funnel: Path) -> Path:
+    """``X.late.parquet`` beside a funnel file ``X.parquet``: its late-stage requests (CANDIDATES)."""
+    return funnel.with_name(funnel.name.removesuffix(".parquet") + ".late.parquet")
 
 
 Stage = Callable[[str], None]
@@ -73,10 +81,27 @@ def write_world(
         write_table(table, str(request.candidates), CANDIDATES)
         summary["counts"]["candidates"] = candidates_summary(table, request.candidates.name)
         log.info("wrote %d candidate requests to %s", table.num_rows, request.candidates)
+    if request.funnel is not None:
+        step("funnel")
+        summary["counts"]["funnel"] = _write_funnel(request.funnel, generated, request.funnel_requests)
     step("ground truth")
     folder = write_truth(generated.world, truth_dir_for(request.output), summary)
     log.info("wrote ground truth (users, items, world.json) to %s", folder)
     return summary
+
+
+def _write_funnel(path: Path, generated: GeneratedEvents, requests: int) -> dict[str, Any]:
+    funnel = generate_funnel(generated.world, generated.events, requests, rngs(generated.world.config.seed)["funnel"])
+    write_table(funnel, str(path), CANDIDATE_SET)
+    late = late_requests(funnel)
+    write_table(late, str(late_path_for(path)), CANDIDATES)
+    log.info("wrote %d funnel requests (%d candidate sets) to %s", late.num_rows, funnel.num_rows, path)
+    return {
+        "file": path.name,
+        "late_file": late_path_for(path).name,
+        "requests": late.num_rows,
+        "rows": funnel.num_rows,
+    }
 
 
 def with_redeliveries(events: pa.Table, fraction: float, rng: np.random.Generator) -> tuple[pa.Table, int]:
@@ -119,7 +144,7 @@ def _summary(request: Request, generated: GeneratedEvents, duplicates: int, bad:
         "seed": request.config.seed,
         "parameters": request.config.to_json()
         | {"bad_fraction": request.bad_fraction, "duplicate_fraction": request.duplicate_fraction},
-        "layouts": {"event": EVENT.version, "candidates": CANDIDATES.version},
+        "layouts": {"event": EVENT.version, "candidates": CANDIDATES.version, "candidate_set": CANDIDATE_SET.version},
         "outputs": {
             "events": request.output.name,
             "format": format_of(request.output),

@@ -5,7 +5,9 @@
 :class:`DeliveryError` if any message was not written, so a caller (a Beam
 bundle, ``produce``) never reports records the broker did not take.
 :func:`file_messages` turns a JSONL(.gz)/Parquet events file into (key, value)
-batches in the JSON wire format, key = the user id as a decimal string.
+batches in the JSON wire format, key = the user id as a decimal string; a funnel file
+(CANDIDATE_SET Parquet, ``generate --funnel``) into candidate-set messages
+(:mod:`pipelines.io.kafka.candidate_sets`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.errors import ConfigError, InputNotFoundError, PipelinesError
+from pipelines.io.kafka.candidate_sets import candidate_sets_to_wire
 from pipelines.io.kafka.config import KafkaConnection
 from pipelines.io.kafka.encode import events_to_wire
 
@@ -261,8 +264,15 @@ def _jsonl_batches(path: Path, batch: int) -> Iterator[list[Message]]:
 
 
 def _parquet_batches(path: Path, batch: int) -> Iterator[list[Message]]:
-    for record_batch in pq.ParquetFile(path).iter_batches(batch_size=batch):
+    from schemas.layouts import layout_of
+
+    file = pq.ParquetFile(path)
+    funnel = (layout_of(file.schema_arrow) or ("",))[0] == "candidate_set"
+    for record_batch in file.iter_batches(batch_size=batch):
         table = pa.Table.from_batches([record_batch])
+        if funnel:  # a funnel file (generate --funnel): candidate sets, not events
+            yield candidate_sets_to_wire(table)
+            continue
         values = events_to_wire(table)
         keys = [str(u).encode() for u in table.column("user_id").to_pylist()]
         yield list(zip(keys, values, strict=True))
