@@ -9,6 +9,9 @@ still refreshes them). :class:`Refresher` computes, with the trained model:
   candidate set if it is recent (its request time within ``ttl`` of the user's
   last event), re-scored on the whole updated history.
 
+:meth:`Refresher.pairs` is the candidates job's step (:mod:`pipelines.streaming.candidates`):
+pair representations of the candidate sets the ranking funnel hands over.
+
 Rows carry ``history_watermark`` = the user's own last event time, so a reader
 (and the freshness bench) can tell which events a representation has seen.
 """
@@ -111,16 +114,36 @@ class Refresher:
                 batches.append(
                     build_candidate_batch(index, requests, max_len=self._model.config.max_len, catalog=self._catalog)
                 )
+        return self._represent(batches, index, last_ms, computed_at_ms)
+
+    def pairs(self, histories: pa.Table, requests: pa.Table, *, computed_at_ms: int) -> pa.Table:
+        """Pair representations of ``requests`` (CANDIDATES rows; each sees the events strictly before
+        its ``request_time``) on ``histories`` (HISTORY rows of the requests' users; a user without
+        one gets an empty prefix). The rows of one request read one history, which the model encodes
+        once (its shared-history path). ``history_watermark`` = the user's last event (0: none)."""
+        if requests.num_rows == 0:
+            return REPRESENTATION.schema.empty_table()
+        index = HistoryIndex(histories)
+        if histories.num_rows:
+            self._catalog = merge_catalogs([self._catalog, ad_catalog(index)])
+        last_ms = histories.column("last_event_time").cast(pa.int64()).to_numpy()
+        batch = build_candidate_batch(index, requests, max_len=self._model.config.max_len, catalog=self._catalog)
+        return self._represent([batch], index, last_ms, computed_at_ms)
+
+    def _represent(
+        self, batches: list[GemBatch], index: HistoryIndex, last_ms: np.ndarray, computed_at_ms: int
+    ) -> pa.Table:
         tables = []
         for batch in batches:
             for chunk in token_chunks(batch, self._budget):
                 reps = self._model.represent(chunk)
+                rows = index.rows_of(reps.user_id)
                 tables.append(
                     representation_table(
                         reps,
                         model_version=self._version,
-                        watermark_ms=last_ms[index.rows_of(reps.user_id)],
+                        watermark_ms=np.where(rows >= 0, last_ms[np.maximum(rows, 0)] if len(last_ms) else 0, 0),
                         computed_at_ms=computed_at_ms,
                     )
                 )
-        return pa.concat_tables(tables)
+        return pa.concat_tables(tables) if tables else REPRESENTATION.schema.empty_table()

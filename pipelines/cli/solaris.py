@@ -1,0 +1,133 @@
+"""Precompute (user, ad) pair representations as the ranking funnel narrows its candidates.
+
+Reads candidate sets (CANDIDATE_SET JSON, e.g. `produce --input FUNNEL.parquet`) from
+--topic, from the group's committed offsets (the start of the topic when it has none).
+For every set at --stage (default early: ~200 ads, tens to hundreds of ms before the
+late stage needs them) it computes the pairs with --model on the user's latest
+history (--histories: the --output folder of `stream`, followed as it flushes, or of
+`features`), each request's history encoded once, and writes them to --store before
+committing the offset. Pairs already fresh in the store (computed on the user's
+current history, younger than --pair-max-age) are skipped; sets whose `needed_by` has
+passed are dropped, not computed late; when more sets wait than --queue-size, the
+oldest are shed. All three are counted in the metrics (--metrics-port) and the
+closing line. A restarted job (even after SIGKILL) resumes from the committed offsets
+and writes every pair once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from types import FrameType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pipelines.streaming.metrics import JobMetrics, Rates
+
+ACCEPTS_BEAM_ARGS = False
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from pipelines.io.kafka.config import add_connection_arguments
+    from schemas.enums import FUNNEL_STAGES
+
+    parser.add_argument("--topic", required=True, help="topic of candidate sets")
+    parser.add_argument("--group", required=True, help="consumer group whose offsets the job commits")
+    parser.add_argument("--histories", required=True, metavar="DIR", help="--output folder of `stream` or `features`")
+    parser.add_argument("--model", required=True, metavar="MODEL_DIR", help="output folder of `train`")
+    parser.add_argument("--store", required=True, metavar="URI", help="lmdb:///path or redis://host:port/db")
+    parser.add_argument(
+        "--stage", default="early", choices=FUNNEL_STAGES, help="funnel stage to precompute (default: %(default)s)"
+    )
+    parser.add_argument("--batch-requests", type=int, default=8, help="candidate sets per batch (default: %(default)s)")
+    parser.add_argument(
+        "--queue-size", type=int, default=2_000, help="sets waiting at most; the oldest are shed (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--deadline-grace",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="still compute a set this long after its needed_by (default: %(default)s; a large value replays "
+        "old funnel files)",
+    )
+    parser.add_argument(
+        "--pair-max-age",
+        type=float,
+        default=3_600.0,
+        metavar="SECONDS",
+        help="a stored pair younger than this, on the user's current history, is not computed again "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--idle-exit",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="finish when no message came for this long and all is committed (default: run until stopped)",
+    )
+    parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
+    parser.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"), help="(default: %(default)s)")
+    parser.add_argument("--torch-threads", type=int, default=1, help="CPU threads of inference (default: %(default)s)")
+    add_connection_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipelines.io.kafka.config import connection_from_args
+    from pipelines.store import open_store
+    from pipelines.streaming.candidates import CandidatesConfig, CandidatesJob
+    from pipelines.streaming.metrics import JobMetrics, Rates, StatusLine
+
+    logging.getLogger("kafka").setLevel(logging.WARNING)
+    config = CandidatesConfig(
+        topic=args.topic,
+        group=args.group,
+        histories=args.histories,
+        model=args.model,
+        store=args.store,
+        stage=args.stage,
+        batch_requests=args.batch_requests,
+        queue_size=args.queue_size,
+        deadline_grace_s=args.deadline_grace,
+        pair_max_age_s=args.pair_max_age,
+        idle_exit_s=args.idle_exit,
+        device=args.device,
+        torch_threads=args.torch_threads,
+    )
+    open_store(config.store).close()  # a bad URI or an unreachable server fails before any work
+    metrics = JobMetrics("solaris")
+    if args.metrics_port is not None:
+        metrics.serve(args.metrics_port)
+    job = CandidatesJob(connection_from_args(args), config, metrics)
+
+    def stop(_signum: int, _frame: FrameType | None) -> None:
+        job.stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    rates = Rates(metrics)
+    status = StatusLine(lambda seconds: _status(metrics, rates, seconds))
+    status.start()
+    counts = job.run()
+    status.stopped.set()
+    print(
+        f"solaris: {counts.requests_done:,} candidate sets done ({counts.pairs_computed:,} pairs computed, "
+        f"{counts.pairs_fresh:,} fresh in the store = compute saved, {counts.pairs_repeated:,} repeated); "
+        f"{counts.deadline_dropped:,} past their deadline, {counts.shed:,} shed, {counts.dead_letters:,} dead "
+        f"letters, {counts.other_stage:,} of other stages; committed {counts.committed}",
+        file=sys.stdout,
+    )
+    return 0
+
+
+def _status(metrics: JobMetrics, rates: Rates, seconds: float) -> str:
+    return (
+        f"solaris: {rates.rate(seconds, 'gem_records_total'):.1f} sets/s, "
+        f"{rates.rate(seconds, 'gem_pairs_total', outcome='computed'):.0f} pairs/s, "
+        f"lag {metrics.value('gem_consumer_lag_messages'):.0f} msgs "
+        f"({metrics.value('gem_consumer_lag_seconds'):.1f} s summed), "
+        f"p99 set->pair {metrics.p99('candidate_to_pair'):.2f} s, queue {metrics.value('gem_queue_depth'):.0f}, "
+        f"shed {metrics.value('gem_work_shed_total'):.0f}, late {metrics.value('gem_deadline_dropped_total'):.0f}"
+    )

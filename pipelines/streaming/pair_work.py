@@ -1,0 +1,132 @@
+"""Pure parts of the candidates job: the bounded work queue, deadlines, and which pairs to compute.
+
+No Kafka, model or store here: the job (:mod:`pipelines.streaming.candidates`) feeds
+these with what it read, and tests call them directly.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from pipelines.store import ReadResult
+from schemas.layouts import CANDIDATES
+
+__all__ = ["CandidateWork", "Plan", "WorkQueue", "plan_pairs", "split_by_deadline"]
+
+
+@dataclass(frozen=True)
+class CandidateWork:
+    """One candidate set to precompute, and where it came from (to acknowledge it when done)."""
+
+    partition: int
+    offset: int
+    request_id: str
+    user_id: int
+    surface: int
+    stage_ms: int
+    needed_by_ms: int
+    ad_ids: np.ndarray  # (A,) int64
+    received_s: float  # wall clock when the job read it
+
+
+class WorkQueue:
+    """A bounded FIFO of candidate sets: when full, :meth:`put` sheds the OLDEST (its deadline is the
+    nearest, so it is the least likely to be served in time) and returns what it shed."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._items: deque[CandidateWork] = deque()
+        self._ready = threading.Condition()
+
+    def put(self, items: list[CandidateWork]) -> list[CandidateWork]:
+        with self._ready:
+            self._items.extend(items)
+            shed = [self._items.popleft() for _ in range(max(0, len(self._items) - self.capacity))]
+            self._ready.notify()
+        return shed
+
+    def take(self, most: int, wait_s: float = 0.0) -> list[CandidateWork]:
+        """Up to ``most`` items, oldest first; waits up to ``wait_s`` for the first one."""
+        with self._ready:
+            if not self._items and wait_s > 0:
+                self._ready.wait(wait_s)
+            return [self._items.popleft() for _ in range(min(most, len(self._items)))]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def split_by_deadline(
+    work: list[CandidateWork], now_ms: int, grace_ms: int = 0
+) -> tuple[list[CandidateWork], list[CandidateWork]]:
+    """(still in time, past their deadline): a set is late once ``now`` is past ``needed_by + grace``."""
+    live = [w for w in work if w.needed_by_ms + grace_ms >= now_ms]
+    late = [w for w in work if w.needed_by_ms + grace_ms < now_ms]
+    return live, late
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to compute for a batch of candidate sets: ``requests`` (CANDIDATES rows holding only the
+    pairs to compute, each request time moved to just after its user's last event so the whole
+    history is read), how many pairs were asked for, found fresh in the store, or repeated in the batch."""
+
+    requests: pa.Table
+    pairs_asked: int
+    pairs_fresh: int
+    pairs_repeated: int
+
+    @property
+    def pairs_to_compute(self) -> int:
+        return self.pairs_asked - self.pairs_fresh - self.pairs_repeated
+
+
+def pair_keys(work: list[CandidateWork]) -> tuple[np.ndarray, np.ndarray]:
+    """``(user_id, ad_id)`` (P,) int64 of every pair of ``work``, request by request."""
+    if not work:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    users = np.concatenate([np.full(len(w.ad_ids), w.user_id, np.int64) for w in work])
+    return users, np.concatenate([w.ad_ids for w in work]).astype(np.int64)
+
+
+def plan_pairs(work: list[CandidateWork], stored: ReadResult, last_event_ms: dict[int, int]) -> Plan:
+    """The pairs of ``work`` to compute: not those ``stored`` (a store read of :func:`pair_keys`, in
+    that order) holds fresh (found, within the store's max age, and computed on the user's current
+    history: watermark at or after ``last_event_ms[user]``, 0 for a user without history), and each
+    (user, ad) once per batch."""
+    users, ads = pair_keys(work)
+    last = np.fromiter((last_event_ms.get(int(u), 0) for u in users), np.int64, len(users))
+    fresh = stored.found & ~stored.stale & (stored.history_watermark_ms >= last)
+    keys = np.stack([users, ads], axis=1) if len(users) else np.zeros((0, 2), np.int64)
+    first = np.zeros(len(users), bool)
+    if len(users):
+        _, index = np.unique(keys[~fresh], axis=0, return_index=True)
+        first[np.flatnonzero(~fresh)[index]] = True
+    wanted = ~fresh & first
+    columns: dict[str, list] = {name: [] for name in CANDIDATES.schema.names}
+    start = 0
+    for w in work:
+        stop = start + len(w.ad_ids)
+        ads_left = ads[start:stop][wanted[start:stop]]
+        start = stop
+        if not len(ads_left):
+            continue
+        columns["request_id"].append(w.request_id)
+        columns["user_id"].append(w.user_id)
+        columns["surface"].append(w.surface)
+        columns["request_time"].append(max(w.stage_ms, last_event_ms.get(w.user_id, 0) + 1))
+        columns["ad_ids"].append(ads_left.tolist())
+    requests = pa.table({name: pa.array(columns[name], CANDIDATES.schema.field(name).type) for name in columns})
+    return Plan(
+        requests=requests.cast(CANDIDATES.schema),
+        pairs_asked=len(users),
+        pairs_fresh=int(fresh.sum()),
+        pairs_repeated=int((~fresh & ~first).sum()),
+    )
