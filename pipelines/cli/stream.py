@@ -14,6 +14,10 @@ With --model and --store, every flush also refreshes its users' representations 
 the online store (user-level rows, and pair rows for users whose latest candidate
 set in --candidates is recent) before their offsets are committed.
 
+--metrics-port serves Prometheus metrics (consumer lag per partition, events/s, dead
+letters per reason, flush and refresh latencies, freshness, buffered events, users,
+RSS); on a terminal a status line comes every 5 s.
+
 Runs on Beam's Prism runner built by `make prism` (never downloaded at run time).
 """
 
@@ -86,6 +90,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="CPU threads of the refresh's inference: the reader, the flusher and the runner "
         "share the worker's cores (default: %(default)s)",
     )
+    parser.add_argument(
+        "--metrics-port", type=int, default=None, help="serve Prometheus metrics (lag, rates, freshness) on this port"
+    )
     add_connection_arguments(parser)
     group = parser.add_argument_group(
         "runner", "the job runs on Beam's Prism; other Beam pipeline options in Beam's spelling go to Beam as given"
@@ -157,7 +164,13 @@ def run(args: argparse.Namespace) -> int:
     )
     options = PipelineOptions(flags_, save_main_session=False, pickle_library="cloudpickle")
     check_known(options, args.beam_args)
-    with beam.Pipeline(options=options) as p:
-        build_stream(p, connection, config, starts)
+    from pipelines.streaming.lag import watch_stream
+
+    stop_watching = watch_stream(connection, args.topic, args.group, args.metrics_port)
+    try:
+        with beam.Pipeline(options=options) as p:
+            build_stream(p, connection, config, starts)
+    finally:
+        stop_watching()
     print(f"stream: {args.topic} finished (idle for {args.idle_exit} s); histories in {args.output}/histories")
     return 0

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -202,6 +203,7 @@ class _ReadPartitionFn(beam.DoFn):
     def _emit(self, element: PartitionStart, batch: Any, position: int, after: int) -> Iterator[Any]:
         decoded = decode_indexed(batch.payloads, batch.sources)
         events = decoded.result.events
+        _record_read(events.num_rows, decoded.result.dead_letters)
         offsets = batch.offsets
         events = events.append_column(PARTITION, pa.array(np.full(events.num_rows, element.partition, np.int32)))
         events = events.append_column(OFFSET, pa.array(offsets[decoded.event_rows]))
@@ -249,6 +251,7 @@ class _AppendHistoriesFn(beam.DoFn):
             refresh = RefreshQueue(RefreshProcess(config)) if config.refresh else None
 
             def flush(shards: list[int]) -> list[tuple[int, np.ndarray]]:
+                started = time.perf_counter()
                 done = flush_shards(
                     output,
                     {s: PENDING.take((output, s)) for s in shards},
@@ -256,6 +259,7 @@ class _AppendHistoriesFn(beam.DoFn):
                     max_history=config.max_history,
                     sink=sink,
                 )
+                _record_flush(time.perf_counter() - started, done.histories)
                 if refresh is None:
                     return done.acks
                 refresh.submit(done)  # acknowledged once its representations are written
@@ -284,6 +288,29 @@ class _AppendHistoriesFn(beam.DoFn):
         yield from self._flusher.wait()
         if self._refresh is not None:
             yield from self._refresh.wait()
+
+
+def _record_read(events: int, dead_letters: pa.Table) -> None:
+    from pipelines.streaming.metrics import shared_metrics
+
+    metrics = shared_metrics("stream")
+    metrics.read("events", events)
+    if dead_letters.num_rows:
+        for reason, n in Counter(dead_letters.column("reason").to_pylist()).items():
+            metrics.dead(reason, n)
+
+
+def _record_flush(seconds: float, histories: pa.Table) -> None:
+    from pipelines.streaming.metrics import shared_metrics
+    from pipelines.streaming.state import PENDING, SHARD_STATES
+
+    metrics = shared_metrics("stream")
+    metrics.step("flush", seconds)
+    if histories.num_rows:  # each touched user's newest event: event time -> history on disk
+        newest = histories.column("last_event_time").cast(pa.int64()).to_numpy()
+        metrics.fresh("event_to_history", time.time() - newest / 1000.0)
+    metrics.depth("buffered_events", PENDING.rows())
+    metrics.state_users.labels("stream").set(SHARD_STATES.users())
 
 
 def build_stream(

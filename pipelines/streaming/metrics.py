@@ -32,7 +32,7 @@ from typing import TextIO
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, start_http_server
 
-__all__ = ["JobMetrics", "StatusLine"]
+__all__ = ["JobMetrics", "Rates", "StatusLine", "shared_metrics"]
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
@@ -158,3 +158,17 @@ class Rates:
         before = self._last.get(key, now)
         self._last[key] = now
         return (now - before) / max(seconds, 1e-9)
+
+
+_SHARED: dict[str, JobMetrics] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_metrics(pipeline: str) -> JobMetrics:
+    """This process's metrics of ``pipeline``: the streaming job's DoFns record into them, and
+    ``stream --metrics-port`` serves them (on Prism's LOOPBACK environment the SDK worker runs in
+    the process that launched the job; on another runner each worker would serve its own)."""
+    with _SHARED_LOCK:
+        if pipeline not in _SHARED:
+            _SHARED[pipeline] = JobMetrics(pipeline)
+        return _SHARED[pipeline]

@@ -77,9 +77,20 @@ class RefreshQueue:
         return self._worker.wait()
 
     def _run(self, numbers: list[int]) -> Acks:
+        from pipelines.streaming.metrics import shared_metrics
+
         with self._lock:
             flushes = [self._pending.pop(n) for n in numbers]
-        self._refresh(newest_rows([f.histories for f in flushes]))
+            waiting = len(self._pending)
+        started = time.perf_counter()
+        histories = newest_rows([f.histories for f in flushes])
+        self._refresh(histories)
+        metrics = shared_metrics("stream")
+        metrics.step("refresh", time.perf_counter() - started)
+        metrics.depth("refresh_flushes", waiting)
+        if histories.num_rows:  # each refreshed user's newest event: event time -> user representation written
+            newest = histories.column("last_event_time").cast(pa.int64()).to_numpy()
+            metrics.fresh("event_to_user_rep", time.time() - newest / 1000.0)
         return [ack for f in flushes for ack in f.acks]
 
 

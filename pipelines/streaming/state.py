@@ -192,6 +192,10 @@ class ShardStates:
         self._seen[(output, shard)] = (files, state)
         return state, len(files)
 
+    def users(self) -> int:
+        """Users held in memory over every shard (the streaming job's state size)."""
+        return sum(state.num_rows for _, state in self._seen.values())
+
     def wrote(self, output: str, shard: int, path: str, state: pa.Table, *, full: bool) -> None:
         """Record that ``path`` was written and that ``state`` is now the shard's state."""
         known = () if full else self._seen.get((output, shard), ((), None))[0]
@@ -229,6 +233,11 @@ class PendingEvents:
         with self._lock:
             since = self._since.get(key)
             return since is not None and now - since >= after_s
+
+    def rows(self) -> int:
+        """Events buffered over every key."""
+        with self._lock:
+            return sum(t.num_rows for tables in self._tables.values() for t in tables)
 
     def take(self, key: tuple[str, int]) -> list[pa.Table]:
         """Everything buffered for ``key`` (and the key is empty again)."""

@@ -1,0 +1,114 @@
+"""Consumer lag of a group, measured from outside the job: what the broker holds past the group's commits.
+
+:class:`LagMonitor` (a daemon thread) asks the broker every ``interval_s`` for each
+partition's end offset and the group's committed offset (no group membership: it
+never joins or rebalances the group), and sets ``gem_consumer_lag_messages`` to their
+difference and ``gem_consumer_lag_seconds`` to the age of the first uncommitted record
+(its Kafka timestamp; 0 when nothing is behind). The streaming job commits only what is
+durable, so this lag is what a crash would make it read again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pipelines.io.kafka.config import KafkaConnection
+from pipelines.streaming.metrics import JobMetrics
+
+__all__ = ["LagMonitor", "watch_stream"]
+
+log = logging.getLogger(__name__)
+
+
+class LagMonitor(threading.Thread):
+    def __init__(
+        self, connection: KafkaConnection, topic: str, group: str, metrics: JobMetrics, interval_s: float = 2.0
+    ) -> None:
+        super().__init__(daemon=True, name="lag-monitor")
+        self._connection, self._topic, self._group = connection, topic, group
+        self._metrics, self._interval = metrics, interval_s
+        self.stopped = threading.Event()
+        #: partition -> (messages behind, seconds behind), after each measurement
+        self.last: dict[int, tuple[int, float]] = {}
+
+    def run(self) -> None:
+        from kafka import KafkaConsumer
+        from kafka.errors import KafkaError
+
+        group = KafkaConsumer(**self._connection.kafka_python(), group_id=self._group, enable_auto_commit=False)
+        peek = KafkaConsumer(**self._connection.kafka_python(), group_id=None, enable_auto_commit=False)
+        try:
+            while not self.stopped.is_set():
+                try:
+                    self.measure(group, peek)
+                except KafkaError as exc:  # the broker away: measure again later
+                    log.debug("lag: %r", exc)
+                self.stopped.wait(self._interval)
+        finally:
+            group.close()
+            peek.close()
+
+    def measure(self, group: Any, peek: Any) -> None:
+        from kafka import TopicPartition
+
+        tps = [TopicPartition(self._topic, p) for p in sorted(group.partitions_for_topic(self._topic) or ())]
+        if not tps:
+            return
+        ends = group.end_offsets(tps)
+        starts = group.beginning_offsets(tps)
+        now = time.time()
+        for tp in tps:
+            found = group.committed(tp)
+            committed = int(starts[tp]) if found is None else int(found)
+            behind = max(0, int(ends[tp]) - committed)
+            age = _record_age(peek, tp, committed, now) if behind else 0.0
+            self.last[tp.partition] = (behind, age)
+            self._metrics.lag(self._topic, tp.partition, behind, age)
+
+
+def _record_age(peek: Any, tp: Any, offset: int, now: float) -> float:
+    """Seconds since the record at ``offset`` of ``tp`` was written (0 if it cannot be read now)."""
+    peek.assign([tp])
+    peek.seek(tp, offset)
+    records = peek.poll(timeout_ms=500, max_records=1).get(tp, [])
+    return max(0.0, now - records[0].timestamp / 1000.0) if records else 0.0
+
+
+def watch_stream(
+    connection: KafkaConnection, topic: str, group: str, port: int | None, status_interval_s: float = 5.0
+) -> Callable[[], None]:
+    """Start what an operator watches of ``stream``: ``/metrics`` on ``port`` (None: not served), the
+    lag monitor, and a status line every ``status_interval_s`` on a terminal. Returns ``stop()``."""
+    from pipelines.streaming.metrics import Rates, StatusLine, shared_metrics
+
+    metrics = shared_metrics("stream")
+    if port is not None:
+        metrics.serve(port)
+    lag = LagMonitor(connection, topic, group, metrics)
+    lag.start()
+    rates = Rates(metrics)
+
+    def render(seconds: float) -> str:
+        behind = lag.last.values()
+        return (
+            f"stream: {rates.rate(seconds, 'gem_records_total', kind='events'):,.0f} events/s, "
+            f"lag {sum(m for m, _ in behind):,} msgs ({max((s for _, s in behind), default=0.0):.1f} s), "
+            f"p99 event->history {metrics.p99('event_to_history'):.2f} s, "
+            f"event->user rep {metrics.p99('event_to_user_rep'):.2f} s, "
+            f"dead letters {metrics.value('gem_dead_letters_total'):,.0f}, "
+            f"users {metrics.value('gem_state_users'):,.0f}, "
+            f"RSS {metrics.value('process_resident_memory_bytes') / 2**20:,.0f} MiB"
+        )
+
+    status = StatusLine(render, status_interval_s)
+    status.start()
+
+    def stop() -> None:
+        lag.stopped.set()
+        status.stopped.set()
+
+    return stop

@@ -1,0 +1,148 @@
+"""The long-running jobs' Prometheus endpoints, scraped during a run: counts add up, lag returns to 0 when idle."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from pipelines.generator.funnel import stage_rows
+from pipelines.io.kafka.config import KafkaConnection
+from pipelines.streaming.candidates import CandidatesConfig, CandidatesJob
+from pipelines.streaming.metrics import JobMetrics, StatusLine
+from tests.fixtures.kafka import BOOTSTRAP, MakeTopic
+from tests.precompute.conftest import World
+from tests.streaming.test_candidates_job import _funnel_sets, _retimed, _send
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of ``/metrics``: (name, sorted labels) -> value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def total(samples: dict, name: str, **labels: str) -> float:
+    return sum(v for (n, ls), v in samples.items() if n == name and all((k, x) in ls for k, x in labels.items()))
+
+
+def wait_for(check, timeout_s: float, what: str):  # type: ignore[no-untyped-def]
+    deadline, last = time.time() + timeout_s, None
+    while time.time() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.5)
+    raise AssertionError(f"{what}: not reached in {timeout_s} s (last: {last})")
+
+
+def test_status_line_renders_on_demand() -> None:
+    out = StringIO()
+    line = StatusLine(lambda seconds: f"tick {seconds > 0}", interval_s=0.05, out=out, force=True)
+    line.start()
+    time.sleep(0.3)
+    line.stopped.set()
+    line.join(timeout=2)
+    assert "tick True" in out.getvalue().splitlines()
+
+
+@pytest.mark.integration
+def test_solaris_endpoint_during_a_run(
+    kafka: KafkaConnection, make_topic: MakeTopic, world: World, tmp_path: Path
+) -> None:
+    from tests.fixtures.kafka import produce
+
+    sets = _retimed(stage_rows(_funnel_sets(12), "early"), 3_600)
+    topic, port = make_topic(partitions=2), _free_port()
+    metrics = JobMetrics("solaris")
+    metrics.serve(port)
+    config = CandidatesConfig(
+        topic=topic,
+        group=f"g-{uuid.uuid4().hex[:8]}",
+        histories=str(world.features),
+        model=str(world.model),
+        store=f"lmdb://{tmp_path}/store",
+    )
+    job = CandidatesJob(kafka, config, metrics)
+    runner = threading.Thread(target=job.run, daemon=True)
+    runner.start()
+    try:
+        _send(kafka, topic, sets)
+        produce(kafka, topic, [b"not json"])
+
+        def settled() -> dict | None:
+            got = scrape(port)
+            read = total(got, "gem_records_total", kind="candidate_sets") == sets.num_rows + 1
+            lag = [v for (n, _), v in got.items() if n == "gem_consumer_lag_messages"]
+            return got if read and len(lag) == 2 and sum(lag) == 0 else None
+
+        got = wait_for(settled, 120, "all sets read and the lag back to 0")
+        assert total(got, "gem_consumer_lag_seconds") == 0
+        assert total(got, "gem_dead_letters_total", reason="bad_json") == 1
+        assert total(got, "gem_pairs_total") == sum(len(a) for a in sets["ad_ids"].to_pylist())
+        assert total(got, "gem_freshness_seconds_count", leg="candidate_to_pair") == sets.num_rows
+        assert total(got, "gem_step_seconds_count", step="pairs") > 0
+        assert total(got, "process_resident_memory_bytes") > 0
+    finally:
+        job.stop()
+        runner.join(timeout=30)
+
+
+@pytest.mark.integration
+def test_stream_endpoint_during_a_run(
+    kafka: KafkaConnection, make_topic: MakeTopic, prism: str, tmp_path: Path
+) -> None:
+    from pipelines.generator import WorldConfig, generate_events
+    from pipelines.io.kafka.encode import events_to_wire
+    from tests.fixtures.kafka import produce
+
+    events = generate_events(WorldConfig(users=50, days=1, seed=2)).events
+    topic, port = make_topic(partitions=2), _free_port()
+    produce(kafka, topic, events_to_wire(events), keys=[str(u).encode() for u in events["user_id"].to_pylist()])
+    produce(kafka, topic, [b"{broken"])
+    command = [
+        sys.executable, "-m", "pipelines", "stream", "--topic", topic, "--group", f"g-{uuid.uuid4().hex[:8]}",
+        "--output", str(tmp_path / "out"), "--num-shards", "2", "--flush-interval", "0.5", "--idle-exit", "8",
+        "--metrics-port", str(port), "--bootstrap-servers", BOOTSTRAP, "--prism-location", prism,
+    ]  # fmt: skip
+    job = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "log", "wb"))
+    try:
+
+        def settled() -> dict | None:
+            try:
+                got = scrape(port)
+            except OSError:
+                return None
+            read = total(got, "gem_records_total", kind="events") == events.num_rows
+            lag = [v for (n, _), v in got.items() if n == "gem_consumer_lag_messages"]
+            return got if read and len(lag) == 2 and sum(lag) == 0 else None
+
+        got = wait_for(settled, 240, "all events read and the lag back to 0")
+        assert total(got, "gem_dead_letters_total") == 1
+        assert total(got, "gem_step_seconds_count", step="flush") > 0
+        assert total(got, "gem_freshness_seconds_count", leg="event_to_history") > 0
+        assert total(got, "gem_state_users") == len(set(events["user_id"].to_pylist()))
+    finally:
+        job.wait(timeout=120)
+    assert job.returncode == 0, (tmp_path / "log").read_text()[-3000:]
