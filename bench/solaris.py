@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -186,12 +187,14 @@ def _resolver(world: _World, uri: str) -> Resolver:
 
 def _baseline_exact(world: _World, root: Path) -> float:
     """The exact share of the late-stage ads of the first 50 requests with nothing precomputed."""
-    resolver = _resolver(world, _store(world, root))
+    uri = _store(world, root)
+    resolver = _resolver(world, uri)
     paths = np.zeros(len(PATH_NAMES), np.int64)
     for i in range(min(50, world.late.num_rows)):
         got = resolver.resolve(int(world.late["user_id"][i].as_py()), world.late["ad_ids"][i].as_py())
         paths += np.bincount(got.path, minlength=len(PATH_NAMES))
     resolver.store.close()
+    shutil.rmtree(uri.removeprefix("lmdb://"), ignore_errors=True)
     return float(paths[0] / max(paths.sum(), 1))
 
 
@@ -257,7 +260,9 @@ def measure(world: _World, root: Path, rate: int, first: int, count: int) -> Run
         out, _ = job.communicate(timeout=60)
         run.job_line = out.strip().splitlines()[-1] if out.strip() else "(the job printed nothing)"
         resolver.store.close()
+        watcher.store.close()
         delete_topics(connection, [topic])
+        shutil.rmtree(uri.removeprefix("lmdb://"), ignore_errors=True)
     run.never_visible = len(watcher.pending)
     run.visible_s = list(watcher.visible.values())
     return run
