@@ -68,6 +68,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="finish when no message came for this long and all is committed (default: run until stopped)",
     )
+    parser.add_argument(
+        "--dead-letters",
+        metavar="DIR",
+        default=None,
+        help="write unreadable candidate sets to DIR/dead_letters/ (DEAD_LETTER Parquet); always counted and logged",
+    )
     parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
     parser.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"), help="(default: %(default)s)")
     parser.add_argument("--torch-threads", type=int, default=1, help="CPU threads of inference (default: %(default)s)")
@@ -95,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         idle_exit_s=args.idle_exit,
         device=args.device,
         torch_threads=args.torch_threads,
+        dead_letters=args.dead_letters,
     )
     open_store(config.store).close()  # a bad URI or an unreachable server fails before any work
     metrics = JobMetrics("solaris")

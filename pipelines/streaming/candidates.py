@@ -8,7 +8,8 @@ histories job whose flush files it reads. Two threads:
   (:mod:`pipelines.io.kafka.candidate_sets`); those of the configured stage go to a
   bounded :class:`pipelines.streaming.pair_work.WorkQueue`, which sheds the oldest
   under overload; the others, unreadable ones (counted by reason) and shed ones are
-  done at once. It commits, per partition, the first offset not yet done
+  done at once (unreadable ones also written to ``dead_letters/`` of ``--dead-letters``).
+  It commits, per partition, the first offset not yet done
   (:class:`pipelines.streaming.state.OffsetLedger`) and measures the lag;
 - the worker takes batches of candidate sets, drops those past their deadline
   (``needed_by``; counted, never computed late), reads their pairs from the store and
@@ -42,7 +43,7 @@ from pipelines.streaming.pair_work import CandidateWork, WorkQueue, pair_keys, p
 from pipelines.streaming.state import OffsetLedger
 from schemas.enums import FUNNEL_STAGE_CODE, FUNNEL_STAGES
 
-__all__ = ["CandidatesConfig", "CandidatesJob", "JobCounts"]
+__all__ = ["CandidatesConfig", "CandidatesJob", "JobCounts", "write_dead_letter"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,7 @@ class CandidatesConfig:
     history_refresh_s: float = 0.25
     device: str = "cpu"
     torch_threads: int = 1
+    dead_letters: str | None = None
 
     def __post_init__(self) -> None:
         if self.stage not in FUNNEL_STAGE_CODE:
@@ -198,7 +200,12 @@ class CandidatesJob:
         self.metrics.read("candidate_sets", len(records))
         for position, reason in decoded.bad.items():
             record = records[position]
-            log.warning("dead letter (%s): %s/%s@%d", reason, record.topic, record.partition, record.offset)
+            source = f"kafka:{record.topic}/{record.partition}/{record.offset}"
+            log.warning("dead letter (%s): %s", reason, source)
+            if self._config.dead_letters is not None:
+                write_dead_letter(
+                    self._config.dead_letters, reason, record.value or b"", source, record.partition, record.offset
+                )
             self.metrics.dead(reason)
             reader.done(record.partition, np.asarray([record.offset]))
         self.counts.dead_letters += len(decoded.bad)
@@ -217,6 +224,26 @@ class CandidatesJob:
             for w in shed:
                 reader.done(w.partition, np.asarray([w.offset]))
         self.metrics.depth("candidate_sets", len(self._queue))
+
+
+def write_dead_letter(folder: str, reason: str, payload: bytes, source: str, partition: int, offset: int) -> str:
+    """One DEAD_LETTER Parquet file per unreadable record, named by its partition and offset (so a
+    record read again after a restart replaces its own file), written atomically."""
+    import os
+
+    import pyarrow.parquet as pq
+
+    from pipelines.io.deadletters import dead_letter_table
+    from pipelines.io.parquet import conform
+    from schemas.layouts import DEAD_LETTER
+
+    path = os.path.join(folder, "dead_letters", f"p{partition:05d}-o{offset:015d}.parquet")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    table = dead_letter_table("candidates", [(reason, "not a candidate set (see the reason)", payload, source)])
+    tmp = f"{path}.tmp"
+    pq.write_table(conform(table, DEAD_LETTER), tmp)
+    os.replace(tmp, path)
+    return path
 
 
 def _work(record: Any, table: dict[str, list[Any]], i: int, now_s: float) -> CandidateWork:

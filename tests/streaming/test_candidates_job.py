@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from pipelines.generator import WorldConfig, generate_events, rngs
@@ -138,8 +139,10 @@ def test_job_writes_pairs_drops_late_sets_and_skips_fresh_ones(
     topic, store = make_topic(partitions=2), f"lmdb://{tmp_path}/store"
     _send(kafka, topic, pa.concat_tables([live, late, others]))
     produce(kafka, topic, [b"{not json"])
-    job = CandidatesJob(kafka, _config(world, topic, store))
+    job = CandidatesJob(kafka, _config(world, topic, store, dead_letters=str(tmp_path / "dl")))
     counts = job.run()
+    dead = pa.concat_tables(pq.read_table(p) for p in sorted((tmp_path / "dl" / "dead_letters").glob("*.parquet")))
+    assert dead["reason"].to_pylist() == ["bad_json"] and dead["payload"].to_pylist() == [b"{not json"]
     assert (counts.requests_done, counts.deadline_dropped, counts.other_stage, counts.dead_letters) == (10, 5, 3, 1)
     assert sum(counts.committed.values()) == 19  # everything is done, so everything is committed
     assert _all_found(store, live).all()
