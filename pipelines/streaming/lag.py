@@ -17,9 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 from pipelines.io.kafka.config import KafkaConnection
-from pipelines.streaming.metrics import JobMetrics
+from pipelines.streaming.metrics import JobMetrics, Rates
 
-__all__ = ["LagMonitor", "watch_stream"]
+__all__ = ["LagMonitor", "stream_status", "watch_stream"]
 
 log = logging.getLogger(__name__)
 
@@ -78,12 +78,26 @@ def _record_age(peek: Any, tp: Any, offset: int, now: float) -> float:
     return max(0.0, now - records[0].timestamp / 1000.0) if records else 0.0
 
 
+def stream_status(metrics: JobMetrics, rates: Rates, lag: dict[int, tuple[int, float]], seconds: float) -> str:
+    """The streaming job's status line: rates over the last ``seconds``, lag, p99 freshness, state, RSS."""
+    behind = lag.values()
+    return (
+        f"stream: {rates.rate(seconds, 'gem_records_total', kind='events'):,.0f} events/s, "
+        f"lag {sum(m for m, _ in behind):,} msgs ({max((s for _, s in behind), default=0.0):.1f} s), "
+        f"p99 event->history {metrics.p99('event_to_history'):.2f} s, "
+        f"event->user rep {metrics.p99('event_to_user_rep'):.2f} s, "
+        f"dead letters {metrics.value('gem_dead_letters_total'):,.0f}, "
+        f"users {metrics.value('gem_state_users'):,.0f}, "
+        f"RSS {metrics.value('process_resident_memory_bytes') / 2**20:,.0f} MiB"
+    )
+
+
 def watch_stream(
     connection: KafkaConnection, topic: str, group: str, port: int | None, status_interval_s: float = 5.0
 ) -> Callable[[], None]:
     """Start what an operator watches of ``stream``: ``/metrics`` on ``port`` (None: not served), the
     lag monitor, and a status line every ``status_interval_s`` on a terminal. Returns ``stop()``."""
-    from pipelines.streaming.metrics import Rates, StatusLine, shared_metrics
+    from pipelines.streaming.metrics import StatusLine, shared_metrics
 
     metrics = shared_metrics("stream")
     if port is not None:
@@ -93,16 +107,7 @@ def watch_stream(
     rates = Rates(metrics)
 
     def render(seconds: float) -> str:
-        behind = lag.last.values()
-        return (
-            f"stream: {rates.rate(seconds, 'gem_records_total', kind='events'):,.0f} events/s, "
-            f"lag {sum(m for m, _ in behind):,} msgs ({max((s for _, s in behind), default=0.0):.1f} s), "
-            f"p99 event->history {metrics.p99('event_to_history'):.2f} s, "
-            f"event->user rep {metrics.p99('event_to_user_rep'):.2f} s, "
-            f"dead letters {metrics.value('gem_dead_letters_total'):,.0f}, "
-            f"users {metrics.value('gem_state_users'):,.0f}, "
-            f"RSS {metrics.value('process_resident_memory_bytes') / 2**20:,.0f} MiB"
-        )
+        return stream_status(metrics, rates, lag.last, seconds)
 
     status = StatusLine(render, status_interval_s)
     status.start()

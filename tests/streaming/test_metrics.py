@@ -67,6 +67,23 @@ def test_status_line_renders_on_demand() -> None:
     assert "tick True" in out.getvalue().splitlines()
 
 
+def test_status_lines_read_the_metrics() -> None:
+    from pipelines.cli.solaris import _status
+    from pipelines.streaming.lag import stream_status
+    from pipelines.streaming.metrics import Rates
+
+    stream = JobMetrics("stream")
+    rates = Rates(stream)
+    stream_status(stream, rates, {}, 1.0)  # the first call sets the counters' baseline
+    stream.read("events", 500)
+    stream.fresh("event_to_history", [0.5, 1.5])
+    line = stream_status(stream, rates, {0: (120, 2.5), 1: (30, 0.5)}, 2.0)
+    assert line.startswith("stream: 250 events/s, lag 150 msgs (2.5 s), p99 event->history 1.49 s"), line
+    solaris = JobMetrics("solaris")
+    solaris.read("candidate_sets", 10)
+    assert "sets/s" in _status(solaris, Rates(solaris), 1.0)
+
+
 @pytest.mark.integration
 def test_solaris_endpoint_during_a_run(
     kafka: KafkaConnection, make_topic: MakeTopic, world: World, tmp_path: Path
