@@ -23,6 +23,8 @@ import sys
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from pipelines.cli import flags
+
 if TYPE_CHECKING:
     from pipelines.streaming.metrics import JobMetrics, Rates
 
@@ -36,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--topic", required=True, help="topic of candidate sets")
     parser.add_argument("--group", required=True, help="consumer group whose offsets the job commits")
     parser.add_argument("--histories", required=True, metavar="DIR", help="--output folder of `stream` or `features`")
-    parser.add_argument("--model", required=True, metavar="MODEL_DIR", help="output folder of `train`")
+    flags.add_model_input(parser)
     parser.add_argument("--store", required=True, metavar="URI", help="lmdb:///path or redis://host:port/db")
     parser.add_argument(
         "--stage", default="early", choices=FUNNEL_STAGES, help="funnel stage to precompute (default: %(default)s)"
@@ -45,28 +47,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--queue-size", type=int, default=2_000, help="sets waiting at most; the oldest are shed (default: %(default)s)"
     )
-    parser.add_argument(
+    flags.add_duration(
+        parser,
         "--deadline-grace",
-        type=float,
-        default=0.0,
-        metavar="SECONDS",
-        help="still compute a set this long after its needed_by (default: %(default)s; a large value replays "
-        "old funnel files)",
+        None,
+        "still compute a set this long after its needed_by; without it, none (a large value replays old funnel files)",
     )
-    parser.add_argument(
+    flags.add_duration(
+        parser,
         "--pair-max-age",
-        type=float,
-        default=3_600.0,
-        metavar="SECONDS",
-        help="a stored pair younger than this, on the user's current history, is not computed again "
-        "(default: %(default)s)",
+        "1h",
+        "a stored pair younger than this, on the user's current history, is not computed again",
     )
-    parser.add_argument(
+    flags.add_duration(
+        parser,
         "--idle-exit",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="finish when no message came for this long and all is committed (default: run until stopped)",
+        None,
+        "finish when no message came for this long and all is committed; without it, run until stopped",
     )
     parser.add_argument(
         "--dead-letters",
@@ -75,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="write unreadable candidate sets to DIR/dead_letters/ (DEAD_LETTER Parquet); always counted and logged",
     )
     parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
-    parser.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"), help="(default: %(default)s)")
+    flags.add_device(parser, "the pair inference", default="cpu", why="; the GIL-bound job keeps its cores")
     parser.add_argument("--torch-threads", type=int, default=1, help="CPU threads of inference (default: %(default)s)")
     add_connection_arguments(parser)
 
@@ -96,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         stage=args.stage,
         batch_requests=args.batch_requests,
         queue_size=args.queue_size,
-        deadline_grace_s=args.deadline_grace,
+        deadline_grace_s=args.deadline_grace or 0.0,
         pair_max_age_s=args.pair_max_age,
         idle_exit_s=args.idle_exit,
         device=args.device,

@@ -28,8 +28,17 @@ SHARED = {
     "index": ["--output", "--overwrite", "--device", "{auto,cpu,cuda}", "--runner", "--seed"],
     "lookup": ["--device", "{auto,cpu,cuda}", "--max-age", "DURATION"],
     "evaluate-fallback": ["--features", "--model", "--output", "--overwrite", "--device", "--holdout", "--seed"],
-    "stream": ["--device", "{auto,cpu,cuda}", "--flush-interval", "--candidate-ttl", "DURATION", "--prism_location"],
+    "stream": [
+        "--device",
+        "{auto,cpu,cuda}",
+        "--flush-interval",
+        "--candidate-ttl",
+        "DURATION",
+        "--prism_location",
+        "--metrics-port",
+    ],
     "produce": ["--num-partitions", "--no-progress"],
+    "solaris": ["--model", "--device", "{auto,cpu,cuda}", "--pair-max-age", "DURATION", "--metrics-port"],
     "inspect": ["PATH"],
 }
 

@@ -47,7 +47,7 @@ def total(samples: dict, name: str, **labels: str) -> float:
     return sum(v for (n, ls), v in samples.items() if n == name and all((k, x) in ls for k, x in labels.items()))
 
 
-def wait_for(check, timeout_s: float, what: str):  # type: ignore[no-untyped-def]
+def wait_for(check, timeout_s: float, what: str):
     deadline, last = time.time() + timeout_s, None
     while time.time() < deadline:
         last = check()

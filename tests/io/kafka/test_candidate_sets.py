@@ -23,7 +23,7 @@ def _funnel(requests: int = 20) -> pa.Table:
 def test_round_trip_keyed_by_user() -> None:
     funnel = _funnel()
     messages = candidate_sets_to_wire(funnel)
-    assert [int(k) for k, _ in messages] == funnel["user_id"].to_pylist()
+    assert [int(k or b"") for k, _ in messages] == funnel["user_id"].to_pylist()
     first = json.loads(messages[0][1])
     assert first["stage"] == "retrieval" and isinstance(first["stage_time"], int)
     decoded = decode_candidate_sets([v for _, v in messages])
