@@ -25,3 +25,8 @@ class OutputNotWritableError(PipelinesError, PermissionError):
 
 class LayoutError(PipelinesError, ValueError):
     """A file does not have the record layout (or version) that a stage expects."""
+
+
+class BadInputError(PipelinesError):
+    """An input file cannot be read to its end: truncated or non-gzip compression, not Parquet,
+    a schema the layouts cannot take. The message names the file and how far reading got."""

@@ -68,6 +68,12 @@ def configure_logging(verbose: bool) -> None:
     logging.getLogger("pipelines").setLevel(logging.DEBUG if verbose else logging.INFO)
     for name in ("", "apache_beam.io.gcp.bigquery"):
         logging.getLogger(name).addFilter(_QuietOptionalGcp())
+class _NoTracebackForOwnErrors(logging.Filter):
+    """Beam logs a failing step's exception with its traceback; for the project's own errors
+    (which name the fix) the one-line ``error:`` that :func:`main` prints is the whole story."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], PipelinesError))
 
 
 def _chosen(argv: Sequence[str]) -> str | None:
@@ -101,6 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     for name in ("", "apache_beam.io.gcp.bigquery"):
         logging.getLogger(name).addFilter(_QuietOptionalGcp())
+    logging.getLogger("apache_beam.runners.common").addFilter(_NoTracebackForOwnErrors())
     parser = build_parser(argv)
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args._module, "ACCEPTS_BEAM_ARGS", False):

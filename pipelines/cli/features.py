@@ -29,6 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     flags.add_output(parser, "the features snapshot")
     add_history_arguments(parser)
+    flags.add_skip_bad_files(parser)
     flags.add_runner(parser)
 
 
@@ -58,6 +59,7 @@ def add_history_arguments(parser: argparse.ArgumentParser) -> None:
         "7d",
         "a conversion, app install or off-site conversion within this long labels it converted",
     )
+    flags.add_max_future(parser)
 
 
 def label_windows(args: argparse.Namespace) -> LabelWindows:
@@ -78,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
         num_shards=args.num_shards,
         windows=label_windows(args),
         overwrite=args.overwrite,
+        max_future_ms=int(args.max_future * 1000),
+        skip_bad_files=args.skip_bad_files,
     )
     summary = run_features(config, pipeline_options(args, args.beam_args), runner_for(args))
     print(json.dumps(summary, indent=2))
@@ -87,5 +91,6 @@ def run(args: argparse.Namespace) -> int:
         f"{summary.get('dead_letters', 0)} rejected (see {args.output}/dead_letters/), "
         f"{summary.get('histories', 0)} histories, {summary.get('training_examples', 0)} training examples "
         f"in {summary['seconds']} s"
+        + (f"; {summary['bad_files']} bad file(s) skipped" if summary.get("bad_files") else "")
     )
     return 0

@@ -26,6 +26,8 @@ __all__ = [
     "add_device",
     "add_duration",
     "add_features_input",
+    "add_max_future",
+    "add_skip_bad_files",
     "add_model_input",
     "add_output",
     "add_progress",
@@ -60,6 +62,26 @@ def add_duration(parser: argparse.ArgumentParser, flag: str, default: str | None
         default=None if default is None else parse_duration(default),
         metavar="DURATION",
         help=f"{help} (default: {shown})",
+    )
+
+
+def add_max_future(parser: argparse.ArgumentParser) -> None:
+    add_duration(
+        parser,
+        "--max-future",
+        "1d",
+        "events later than the run's clock plus this become `future_time` dead letters, so no event moves a "
+        "watermark past now",
+    )
+
+
+def add_skip_bad_files(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--skip-bad-files",
+        action="store_true",
+        help="record a file that cannot be read (truncated or non-gzip .gz, not Parquet, a schema the "
+        "layouts cannot take) in the summary and as an `unreadable_file` dead letter, and go on; "
+        "without it such a file stops the run with an error naming it",
     )
 
 

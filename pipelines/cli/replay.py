@@ -69,7 +69,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=BACKENDS,
         help="client library (default: %(default)s; confluent needs the kafka-fast extra)",
     )
-    add_history_arguments(parser)
     add_connection_arguments(parser)
     flags.add_runner(parser)
 
@@ -142,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
         num_shards=args.num_shards,
         windows=label_windows(args),
         overwrite=args.overwrite,
+        max_future_ms=int(args.max_future * 1000),
     )
     source = ReadEventsFromKafka(
         connection,
@@ -149,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
         num_shards=args.num_shards,
         backend=args.kafka_backend,
         keep_buffers=True,  # this command owns its worker processes (GEM_KEEP_BUFFERS=0 opts out)
+        max_time_ms=config.max_time_ms(),
     )
     log.info("replay: %s, %d message(s) in %d partition(s)", args.topic, sum(r.size for r in ranges), len(ranges))
     summary = run_features(config, options, runner_for(args), source)

@@ -14,6 +14,7 @@ single definition of the rules:
    a NUL, CR or LF byte inside; a ``NaN``/``Infinity`` token; invalid UTF-8
    anywhere (Arrow checks only the fields it keeps); more ``[`` than
    ``_MAX_OPENERS`` (Python's ``json`` fails on deep nesting, Arrow does not);
+   more ``:`` than the wire format has fields (an extra key, which might repeat);
    an ISO-string ``event_time`` (canonical times are integers);
 2. the other payloads are streamed through Arrow (4 MiB blocks; 64 KiB ones
    after the first rejection); a payload that Arrow rejects (its error names the
@@ -22,14 +23,18 @@ single definition of the rules:
 3. rows that fail a vectorised rule, and every suspect or rejected payload, go
    to ``parse_json_lines`` in payload order, which gives reasons and details.
 
-Cost: a clean batch is one pass of Arrow's reader plus a dozen kernels, with
-no Python object per payload; each bad payload adds a Python parse
+Duplicate keys cannot pass the fast path: Arrow's reader rejects a repeated
+schema field ("specified twice") and, with ``unexpected_field_behavior="error"``,
+any key outside the wire format, so an object it accepts has each key once.
+
+Cost: a clean batch is one pass of Arrow's reader plus a dozen kernelsxx
 and at most one 64 KiB block re-read. ``tests/features/test_decode.py`` checks the
 equivalence with hypothesis.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,6 +51,7 @@ from pipelines.features.parse import (
     MAX_LINE_BYTES,
     MAX_TIME_MS,
     ParseResult,
+    Reject,
     parse_json_lines,
 )
 from pipelines.io.deadletters import dead_letter_table
@@ -54,6 +60,8 @@ from schemas.enums import DEVICES, EVENT_TYPES, SURFACES
 from schemas.layouts import EVENT
 
 __all__ = ["Decoded", "SourceNamer", "decode_events", "decode_indexed"]
+
+log = logging.getLogger(__name__)
 
 #: ``source_of(indices)`` names where the payloads at ``indices`` came from (for dead letters).
 SourceNamer = Callable[[np.ndarray], list[str]]
@@ -89,7 +97,10 @@ _WIRE_SCHEMA = pa.schema(
         ("device", pa.string()),
     ]
 )
-_PARSE_OPTIONS = pj.ParseOptions(explicit_schema=_WIRE_SCHEMA, unexpected_field_behavior="ignore")
+#: "error": a key outside the wire format (which could repeat unseen) goes to parse_json_lines.
+_PARSE_OPTIONS = pj.ParseOptions(explicit_schema=_WIRE_SCHEMA, unexpected_field_behavior="error")
+#: A canonical payload has one ``:`` per wire field; more means an extra key (or a ``:`` in a string).
+_MAX_COLONS = len(_WIRE_SCHEMA)
 _ENUM_VALUES = {
     "surface": pa.array(SURFACES, pa.string()),
     "event_type": pa.array(EVENT_TYPES, pa.string()),
@@ -97,13 +108,15 @@ _ENUM_VALUES = {
 }
 
 
-def decode_events(payloads: Payloads, source_of: SourceNamer, stage: str = "parse") -> ParseResult:
+def decode_events(
+    payloads: Payloads, source_of: SourceNamer, stage: str = "parse", max_time_ms: int = MAX_TIME_MS
+) -> ParseResult:
     """Events (EVENT layout) and dead letters (DEAD_LETTER layout) of a payload batch.
 
-    Equal to ``parse_json_lines(payloads, source_of(all indices), stage)``;
+    Equal to ``parse_json_lines(payloads, source_of(all indices), stage, max_time_ms)``;
     ``source_of`` is called only with the indices of the dead letters.
     """
-    return decode_indexed(payloads, source_of, stage).result
+    return decode_indexed(payloads, source_of, stage, max_time_ms).result
 
 
 @dataclass(frozen=True)
@@ -115,32 +128,39 @@ class Decoded:
     dead_rows: np.ndarray
 
 
-def decode_indexed(payloads: Payloads, source_of: SourceNamer, stage: str = "parse") -> Decoded:
+def decode_indexed(
+    payloads: Payloads, source_of: SourceNamer, stage: str = "parse", max_time_ms: int = MAX_TIME_MS
+) -> Decoded:
     """:func:`decode_events` that also says which payload became which event or dead letter."""
     n = len(payloads)
     none = np.zeros(0, dtype=np.int64)
     if n == 0:
         return Decoded(ParseResult(EVENT.schema.empty_table(), dead_letter_table(stage, [])), none, none)
-    clean = np.flatnonzero(~_suspects(payloads))
-    table, read_rows, _ = _read_arrow(payloads.select(clean))
-    fast_rows = clean[read_rows]
-    ok = _valid_mask(table)
-    events = _to_event_layout(table if ok.false_count == 0 else table.filter(ok))
+    try:
+        clean = np.flatnonzero(~_suspects(payloads))
+        table, read_rows, _ = _read_arrow(payloads.select(clean))
+        fast_rows = clean[read_rows]
+        ok = _valid_mask(table, min(max_time_ms, MAX_TIME_MS))
+        events = _to_event_layout(table if ok.false_count == 0 else table.filter(ok))
+    except (pa.ArrowException, Reject, ValueError) as exc:  # the fast path's blind spot: do it the slow way
+        log.warning("fast decoder gave up on a batch of %d (%s: %s); decoding row by row", n, type(exc).__name__, exc)
+        return _with_slow_rows(payloads, EVENT.schema.empty_table(), np.zeros(n, bool), source_of, stage, max_time_ms)
     if events.num_rows == n:
         return Decoded(ParseResult(events, dead_letter_table(stage, [])), fast_rows, none)
     is_fast = np.zeros(n, dtype=bool)
     is_fast[fast_rows[ok.to_numpy(zero_copy_only=False)]] = True
-    return _with_slow_rows(payloads, events, is_fast, source_of, stage)
+    return _with_slow_rows(payloads, events, is_fast, source_of, stage, max_time_ms)
 
 
 def _with_slow_rows(
-    payloads: Payloads, fast: pa.Table, is_fast: np.ndarray, source_of: SourceNamer, stage: str
+    payloads: Payloads, fast: pa.Table, is_fast: np.ndarray, source_of: SourceNamer, stage: str, max_time_ms: int
 ) -> Decoded:
     """``fast`` plus parse_json_lines over every other payload, merged in payload order."""
     slow_rows = np.flatnonzero(~is_fast)
     # Positions as sources tell which slow payloads became dead letters; the real
     # source names are put in afterwards (a source appears nowhere else).
-    slow = parse_json_lines(payloads.take(slow_rows), [str(i) for i in range(len(slow_rows))], stage)
+    positions = [str(i) for i in range(len(slow_rows))]
+    slow = parse_json_lines(payloads.take(slow_rows), positions, stage, max_time_ms)
     dead = slow.dead_letters
     dead_pos = np.asarray([int(s) for s in dead.column("source").to_pylist()], dtype=np.int64)
     sources = source_of(slow_rows[dead_pos]) if len(dead_pos) else []
@@ -191,7 +211,10 @@ def _suspects(payloads: Payloads) -> np.ndarray:
         for i in np.unique(_owners(payloads, np.flatnonzero(raw >= 0x80))):
             sus[i] |= not _is_utf8(payloads.get(int(i)))
     # Equal counts mean each payload that opens with "{" holds no other "{".
-    for byte, most, usual in ((b"{", 1, int(opens.sum())), (b"[", _MAX_OPENERS, _MAX_OPENERS)):
+    # At most _MAX_COLONS ":" in all payloads together means none has more.
+    n = len(payloads)
+    counted = ((b"{", 1, int(opens.sum())), (b"[", _MAX_OPENERS, _MAX_OPENERS), (b":", _MAX_COLONS, _MAX_COLONS * n))
+    for byte, most, usual in counted:
         if byte not in data:
             continue
         found = raw == ord(byte)
@@ -297,7 +320,7 @@ def _stream(
     return got, None
 
 
-def _valid_mask(t: pa.Table) -> pa.Array:
+def _valid_mask(t: pa.Table, max_time_ms: int) -> pa.Array:
     """True where the row passes every rule of the wire format (no nulls in the mask)."""
     checks = [
         pc.is_valid(t["event_id"]),
@@ -307,7 +330,7 @@ def _valid_mask(t: pa.Table) -> pa.Array:
         pc.is_in(t["surface"], value_set=_ENUM_VALUES["surface"]),
         pc.is_in(t["event_type"], value_set=_ENUM_VALUES["event_type"]),
         pc.or_kleene(pc.is_null(t["device"]), pc.is_in(t["device"], value_set=_ENUM_VALUES["device"])),
-        pc.and_(pc.greater_equal(t["event_time"], 0), pc.less_equal(t["event_time"], MAX_TIME_MS)),
+        pc.and_(pc.greater_equal(t["event_time"], 0), pc.less_equal(t["event_time"], max_time_ms)),
         pc.less_equal(t["item_category"], INT32_MAX),
         pc.or_kleene(
             pc.is_null(t["value"]),

@@ -2,12 +2,17 @@
 
 :func:`parse_json_lines` turns raw payloads (JSONL lines, Kafka message values)
 into an EVENT-layout table plus a DEAD_LETTER table; every payload ends up in
-exactly one of the two. Validation rules follow ``schemas/event.schema.json``.
+exactly one of the two, whatever its bytes: no exception a payload can raise
+escapes (an unforeseen one becomes an ``unexpected_error`` dead letter).
+Validation rules follow ``schemas/event.schema.json``; a key that appears twice
+in an object is a ``duplicate_key``, and an event time later than
+``max_time_ms`` (the run's clock plus ``--max-future``) is a ``future_time``.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +36,7 @@ MAX_TIME_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
 FLOAT32_MAX = 3.4028234663852886e38
 
 _COLUMNS = tuple(EVENT.schema.names)
+log = logging.getLogger(__name__)
 
 
 class Reject(Exception):
@@ -56,6 +62,19 @@ class ParseResult:
 
 def _no_constants(name: str) -> float:
     raise Reject(reasons.NON_FINITE, f"JSON constant {name} is not allowed")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook``: an object whose key repeats is rejected (``json`` would keep the last)."""
+    obj = dict(pairs)
+    if len(obj) == len(pairs):
+        return obj
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise Reject(reasons.DUPLICATE_KEY, f"key {key[:64]!r} appears more than once in one object")
+        seen.add(key)
+    raise AssertionError("unreachable: fewer keys than pairs")
 
 
 def _int(obj: dict[str, Any], name: str, top: int) -> int:
@@ -90,7 +109,10 @@ def parse_event_time(value: Any) -> int:
             raise Reject(reasons.BAD_TIMESTAMP, f"event_time {value[:64]!r} is not ISO-8601") from exc
         if parsed.tzinfo is None:
             raise Reject(reasons.BAD_TIMESTAMP, f"event_time {value[:64]!r} has no timezone")
-        ms = int(parsed.timestamp() * 1000)
+        try:
+            ms = int(parsed.timestamp() * 1000)
+        except (OverflowError, ValueError) as exc:  # year 1 or 9999 shifted past the calendar by its offset
+            raise Reject(reasons.BAD_TIMESTAMP, f"event_time {value[:64]!r} is outside the calendar") from exc
     else:
         raise Reject(reasons.BAD_TIMESTAMP, f"event_time must be integer ms or ISO string, got {value!r:.64}")
     if not 0 <= ms <= MAX_TIME_MS:
@@ -136,8 +158,18 @@ def _event_id(obj: dict[str, Any]) -> str:
     return value
 
 
-def event_from_object(obj: Any) -> tuple[Any, ...]:
-    """One validated event as a tuple in EVENT column order; raises :class:`Reject`."""
+def _event_time(obj: dict[str, Any], max_time_ms: int) -> int:
+    ms = parse_event_time(obj["event_time"])
+    if ms > max_time_ms:
+        raise Reject(reasons.FUTURE_TIME, f"event_time {ms} ms is after the run's limit {max_time_ms} ms")
+    return ms
+
+
+def event_from_object(obj: Any, max_time_ms: int = MAX_TIME_MS) -> tuple[Any, ...]:
+    """One validated event as a tuple in EVENT column order; raises :class:`Reject`.
+
+    ``max_time_ms``: the latest event time accepted (later ones are ``future_time``).
+    """
     if not isinstance(obj, dict):
         raise Reject(reasons.NOT_AN_OBJECT, f"expected a JSON object, got {type(obj).__name__}")
     missing = [name for name in _REQUIRED if name not in obj]
@@ -155,7 +187,7 @@ def event_from_object(obj: Any) -> tuple[Any, ...]:
         _int(obj, "item_category", INT32_MAX),
         _enum(obj, "surface", SURFACE_CODE),
         _enum(obj, "event_type", EVENT_TYPE_CODE),
-        parse_event_time(obj["event_time"]),
+        _event_time(obj, max_time_ms),
         _value(obj),
         _enum(obj, "device", DEVICE_CODE),
     )
@@ -175,11 +207,13 @@ def decode_payload(payload: bytes) -> Any:
     except UnicodeDecodeError as exc:
         raise Reject(reasons.INVALID_UTF8, f"invalid UTF-8 at byte {exc.start}") from exc
     try:
-        return json.loads(text, parse_constant=_no_constants)
+        return json.loads(text, parse_constant=_no_constants, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise Reject(reasons.INVALID_JSON, f"{exc.msg} at column {exc.colno}") from exc
     except RecursionError as exc:
         raise Reject(reasons.INVALID_JSON, "nesting too deep") from exc
+    except ValueError as exc:  # an integer beyond sys.get_int_max_str_digits() (4300 digits)
+        raise Reject(reasons.OUT_OF_RANGE, f"a number is too long to read ({str(exc)[:80]})") from exc
 
 
 def events_table(rows: list[tuple[Any, ...]]) -> pa.Table:
@@ -189,13 +223,29 @@ def events_table(rows: list[tuple[Any, ...]]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=EVENT.schema)
 
 
-def parse_json_lines(payloads: Sequence[bytes], sources: Sequence[str], stage: str = "parse") -> ParseResult:
-    """Validate JSON payloads; ``sources[i]`` names where ``payloads[i]`` came from."""
+def _check(payload: bytes, max_time_ms: int) -> tuple[Any, ...]:
+    """One payload as a validated row; every failure is a :class:`Reject`."""
+    try:
+        return event_from_object(decode_payload(payload), max_time_ms)
+    except Reject:
+        raise
+    except Exception as exc:  # a rule's blind spot must cost one record, never the run
+        log.warning("unforeseen %s on a payload, dead-lettered: %s", type(exc).__name__, exc)
+        raise Reject(reasons.UNEXPECTED_ERROR, f"{type(exc).__name__}: {str(exc)[:200]}") from exc
+
+
+def parse_json_lines(
+    payloads: Sequence[bytes], sources: Sequence[str], stage: str = "parse", max_time_ms: int = MAX_TIME_MS
+) -> ParseResult:
+    """Validate JSON payloads; ``sources[i]`` names where ``payloads[i]`` came from.
+
+    ``max_time_ms``: the latest event time accepted; later ones become ``future_time`` dead letters.
+    """
     rows: list[tuple[Any, ...]] = []
     rejects: list[tuple[str, str, bytes, str]] = []
     for payload, source in zip(payloads, sources, strict=True):
         try:
-            rows.append(event_from_object(decode_payload(payload)))
+            rows.append(_check(payload, max_time_ms))
         except Reject as bad:
             kept = payload if len(payload) <= MAX_PAYLOAD_KEPT else payload[:MAX_PAYLOAD_KEPT]
             detail = bad.detail if kept is payload else f"{bad.detail} (payload truncated to {len(kept)} bytes)"

@@ -8,18 +8,22 @@ validates the configuration before any work, runs it and checks the counters
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from pipelines.durations import DAY_MS
 from pipelines.errors import ConfigError
 from pipelines.features.examples import LabelWindows
 from pipelines.features.histories import DEFAULT_MAX_HISTORY
+from pipelines.features.parse import MAX_TIME_MS
 from pipelines.features.sources import ReadEvents
 from pipelines.features.transforms import BuildHistories
+from pipelines.features.validate import check_columns
 from pipelines.io.files import expand_inputs, match_files, splits_of
 from pipelines.io.shards import kind_glob
 from pipelines.io.snapshot import COUNTS, DEAD, DEAD_LETTERS, EVENTS, HISTORIES, TRAINING_EXAMPLES, run_stage
@@ -33,6 +37,8 @@ MAX_HISTORY_LIMIT = 1 << 20
 OUTPUT_SUBDIRS = (HISTORIES, TRAINING_EXAMPLES, DEAD_LETTERS)
 #: Records in = valid + duplicates (within the run and against --previous) + dead letters.
 RECORDS = Balance("record", "records_in", ("events_valid", "duplicates", "duplicates_previous", "dead_letters"))
+#: Counts every summary holds, zero when nothing was read (an empty input still gives all of them).
+ZERO_COUNTS = {k: 0 for k in (RECORDS.total, *RECORDS.parts, "histories", "training_examples", "bad_files")}
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,12 @@ class FeaturesConfig:
     num_shards: int = 16
     windows: LabelWindows = field(default_factory=LabelWindows)
     overwrite: bool = False
+    #: Events later than the run's clock plus this become ``future_time`` dead letters.
+    max_future_ms: int = DAY_MS
+    #: With it, a file that cannot be read is recorded (summary, dead letter) instead of failing the run.
+    skip_bad_files: bool = False
+    #: The run's clock (seconds since the epoch); injectable for tests.
+    clock: Callable[[], float] = time.time
 
     def __post_init__(self) -> None:
         if not self.inputs:
@@ -56,6 +68,12 @@ class FeaturesConfig:
             raise ConfigError("--num-shards", f"got {self.num_shards}", "pass 1..4096")
         if self.previous and self.previous.rstrip("/") == self.output.rstrip("/"):
             raise ConfigError("--previous", "is the same folder as --output", "write the new snapshot to a new folder")
+        if self.max_future_ms < 0:
+            raise ConfigError("--max-future", f"got {self.max_future_ms} ms", "pass a duration such as 1d or 2h")
+
+    def max_time_ms(self) -> int:
+        """The latest event time this run accepts: its clock now plus ``max_future_ms``."""
+        return min(int(self.clock() * 1000) + self.max_future_ms, MAX_TIME_MS)
 
 
 def previous_files(previous: str | None) -> list[str]:
@@ -77,6 +95,7 @@ def build_features(
     splits: Sequence,
     previous: Sequence[str],
     source: beam.PTransform | None = None,
+    max_time_ms: int = MAX_TIME_MS,
 ) -> None:
     """Add the features steps to ``p``.
 
@@ -84,7 +103,9 @@ def build_features(
     outputs (e.g. ``pipelines.features.sources.ReadEventsFromKafka``); ``splits`` is then unused.
     """
     if source is None:
-        source = ReadEvents(splits, num_shards=config.num_shards)
+        source = ReadEvents(
+            splits, num_shards=config.num_shards, max_time_ms=max_time_ms, skip_bad_files=config.skip_bad_files
+        )
     read = p | "ReadEvents" >> source
     read_counts = read[COUNTS] | "SumReadCounts" >> beam.CombineGlobally(sum_counts)
     built = read[EVENTS] | "BuildHistories" >> BuildHistories(
@@ -102,6 +123,8 @@ def build_features(
         "max_history": config.max_history,
         "num_shards": config.num_shards,
         "layout_version": HISTORY.version,
+        "max_event_time_ms": max_time_ms,
+        **ZERO_COUNTS,
     }
     _ = (read_counts, built) | "AllCounts" >> beam.Flatten() | "WriteSummary" >> WriteSummary(config.output, extra)
 
@@ -114,15 +137,17 @@ def run_features(
 ) -> dict:
     """Validate, run, and return the summary (also written to ``<output>/summary.json``).
 
-    With ``source`` (see :func:`build_features`) ``config.inputs`` only label the summary.
+    With ``source`` (see :func:`build_features`) ``config.inputs`` only label the summary,
+    and ``source`` must bound event times itself (``config.max_time_ms()``).
     """
     paths = expand_inputs(config.inputs) if source is None else []
     previous = previous_files(config.previous)
-    splits = splits_of(paths)
+    splits = splits_of(paths, check=check_columns, skip_bad=config.skip_bad_files)
+    max_time_ms = config.max_time_ms()
     log.info("features: %d file(s), %d split(s), %d previous file(s)", len(paths), len(splits), len(previous))
     return run_stage(
         config.output,
-        lambda p: build_features(p, config, splits, previous, source),
+        lambda p: build_features(p, config, splits, previous, source, max_time_ms),
         kinds=OUTPUT_SUBDIRS,
         holds="a features snapshot",
         overwrite=config.overwrite,

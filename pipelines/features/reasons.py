@@ -15,6 +15,9 @@ UNKNOWN_ENUM = "unknown_enum"
 BAD_TIMESTAMP = "bad_timestamp"
 AD_WITHOUT_ADVERTISER = "ad_without_advertiser"
 ORGANIC_WITH_ADVERTISER = "organic_with_advertiser"
+DUPLICATE_KEY = "duplicate_key"
+FUTURE_TIME = "future_time"
+UNEXPECTED_ERROR = "unexpected_error"
 UNREADABLE_FILE = "unreadable_file"
 
 ALL: tuple[str, ...] = (
@@ -31,5 +34,8 @@ ALL: tuple[str, ...] = (
     BAD_TIMESTAMP,
     AD_WITHOUT_ADVERTISER,
     ORGANIC_WITH_ADVERTISER,
+    DUPLICATE_KEY,
+    FUTURE_TIME,
+    UNEXPECTED_ERROR,
     UNREADABLE_FILE,
 )

@@ -2,7 +2,10 @@
 
 The columnar counterpart of :mod:`parse`: the same rules and reason codes, but
 expressed as Polars expressions over a whole batch. Enum columns may hold the
-layout's int8 codes or the wire format's lower-case strings.
+layout's int8 codes or the wire format's lower-case strings; integer columns may
+be any width, signed or not (a uint64 id above 2^63 - 1 is ``out_of_range``).
+:func:`check_columns` refuses, before any row is read, a file whose column
+types no rule can take (a file-level fault, not a dead letter per row).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pipelines.features import reasons
 from pipelines.features.parse import (
     FLOAT32_MAX,
     INT32_MAX,
+    INT64_MAX,
     MAX_EVENT_ID_CHARS,
     MAX_TIME_MS,
     ParseResult,
@@ -47,7 +51,34 @@ def _time_ms(df: pl.DataFrame) -> pl.Expr:
     return pl.lit(-1, pl.Int64)
 
 
-def _reason(df: pl.DataFrame) -> pl.Expr:
+def _acceptable(name: str, dtype: pa.DataType) -> bool:
+    """Whether a column of ``dtype`` can hold field ``name`` (values are checked per row)."""
+    t = pa.types
+    if t.is_null(dtype) or (t.is_dictionary(dtype) and name in _ENUMS):
+        return True
+    if name == "event_id":
+        return t.is_string(dtype) or t.is_large_string(dtype)
+    if name == "is_ad":
+        return t.is_boolean(dtype)
+    if name == "event_time":
+        return t.is_timestamp(dtype) or t.is_integer(dtype)
+    if name == "value":
+        return t.is_floating(dtype) or t.is_integer(dtype)
+    if name in _ENUMS:
+        return t.is_string(dtype) or t.is_large_string(dtype) or t.is_integer(dtype)
+    return t.is_integer(dtype)
+
+
+def check_columns(schema: pa.Schema) -> str | None:
+    """Why a file with ``schema`` cannot be validated (None when it can): a field's column has a type
+    that no per-row rule can take, e.g. a list or a struct. Absent columns are per-row faults."""
+    for field in EVENT.schema:
+        if field.name in schema.names and not _acceptable(field.name, schema.field(field.name).type):
+            return f"column {field.name!r} is {schema.field(field.name).type}, which the event layout cannot take"
+    return None
+
+
+def _reason(df: pl.DataFrame, max_time_ms: int) -> pl.Expr:
     """The first failed rule per row (null when the row is valid)."""
     rules: list[tuple[pl.Expr, str, str]] = []
     for field in EVENT.schema:
@@ -60,10 +91,12 @@ def _reason(df: pl.DataFrame) -> pl.Expr:
             "event_id length",
         ),
         *[(pl.col(n) < 0, reasons.OUT_OF_RANGE, f"{n} negative") for n in _INTS],
+        *[(pl.col(n) > INT64_MAX, reasons.OUT_OF_RANGE, f"{n} > int64") for n in _INTS if _unsigned(df, n)],
         (pl.col("item_category") > INT32_MAX, reasons.OUT_OF_RANGE, "item_category > int32"),
         *[(pl.col(f"_{n}") < 0, reasons.UNKNOWN_ENUM, f"unknown {n}") for n in _ENUMS if n != "device"],
         (pl.col("device").is_not_null() & (pl.col("_device") < 0), reasons.UNKNOWN_ENUM, "unknown device"),
         (~pl.col("_time").is_between(0, MAX_TIME_MS), reasons.BAD_TIMESTAMP, "event_time outside [1970, 9999]"),
+        (pl.col("_time") > max_time_ms, reasons.FUTURE_TIME, f"event_time after the run's limit {max_time_ms} ms"),
         (~pl.col("value").is_finite(), reasons.NON_FINITE, "value is not finite"),
         (pl.col("value").abs() > FLOAT32_MAX, reasons.OUT_OF_RANGE, "value overflows float32"),
         (
@@ -84,6 +117,10 @@ def _reason(df: pl.DataFrame) -> pl.Expr:
     return expr
 
 
+def _unsigned(df: pl.DataFrame, name: str) -> bool:
+    return df.schema[name] in (pl.UInt64,)
+
+
 def _typed_nulls(table: pa.Table) -> pa.Table:
     """All-null columns (Arrow type ``null``) cast to the layout's type."""
     for i, field in enumerate(table.schema):
@@ -102,8 +139,11 @@ def _all_dead(table: pa.Table, reason: str, detail: str, source: str, first_row:
     return ParseResult(EVENT.schema.empty_table(), dead_letter_table("parse", rejects))
 
 
-def validate_event_table(table: pa.Table, source: str, first_row: int = 0) -> ParseResult:
-    """Split a columnar batch into valid events and dead letters (source = ``file:row``)."""
+def validate_event_table(
+    table: pa.Table, source: str, first_row: int = 0, max_time_ms: int = MAX_TIME_MS
+) -> ParseResult:
+    """Split a columnar batch into valid events and dead letters (source = ``file:row``);
+    events later than ``max_time_ms`` are ``future_time``."""
     missing = _missing_columns(table)
     if missing:
         return _all_dead(table, reasons.MISSING_FIELD, f"column(s) {missing} absent", source, first_row)
@@ -114,8 +154,8 @@ def validate_event_table(table: pa.Table, source: str, first_row: int = 0) -> Pa
             *[_enum_codes(df, n).alias(f"_{n}") for n in _ENUMS],
             _time_ms(df).alias("_time"),
             pl.int_range(first_row, first_row + df.height, dtype=pl.Int64).alias("_row"),
-        ).with_columns(_reason(df).alias("_reason"))
-    except (pl.exceptions.PolarsError, TypeError) as exc:
+        ).with_columns(_reason(df, max_time_ms).alias("_reason"))
+    except (pl.exceptions.PolarsError, pa.ArrowException, TypeError, ValueError) as exc:
         detail = f"columns do not match the event layout: {str(exc).splitlines()[0][:200]}"
         return _all_dead(table, reasons.WRONG_TYPE, detail, source, first_row)
     good = df.filter(pl.col("_reason").is_null())

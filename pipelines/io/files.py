@@ -1,31 +1,81 @@
 """Input discovery and reading: globs, JSONL(.gz) line batches, Parquet row groups.
 
-All paths go through Beam's ``FileSystems`` (local, ``gs://``, ...).
+All paths go through Beam's ``FileSystems`` (local, ``gs://``, ...). A file that
+cannot be read to its end (a truncated or non-gzip ``.gz``, a file that is not
+Parquet, a Parquet schema the caller's ``check`` refuses) raises
+:class:`~pipelines.errors.BadInputError` naming the file and how far reading got;
+Python's ``gzip`` reads ``.gz`` files because it, unlike Beam's decompressor,
+notices a stream cut short. Globs skip the project's own outputs (see
+:func:`is_own_output`) with a logged note.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import gzip
+import logging
+import os
+import posixpath
+import zlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import IO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines.errors import ConfigError, InputNotFoundError
+from pipelines.errors import BadInputError, ConfigError, InputNotFoundError
+
+log = logging.getLogger(__name__)
 
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".ndjson", ".ndjson.gz")
 PARQUET_SUFFIXES = (".parquet",)
+#: Files the project writes beside its outputs; never events.
+OWN_FILES = ("summary.json", "manifest.json", "metrics.json", "config.json", "world.json")
+#: A folder holding one of these is an output of the project (a snapshot, an index, a model, ground truth).
+OWN_MARKERS = ("summary.json", "manifest.json", "metrics.json", "world.json")
+_READ_ERRORS = (OSError, EOFError, zlib.error, pa.ArrowException, ValueError)
+#: Why a Parquet schema cannot be read (None when it can); the features stage passes its rule.
+SchemaCheck = Callable[[pa.Schema], "str | None"]
 
 
 @dataclass(frozen=True)
 class Split:
-    """One unit of input work: a whole JSONL file or one Parquet row group."""
+    """One unit of input work: a whole JSONL file or one Parquet row group.
+
+    ``error`` is set for a file found bad before the run (only with ``skip_bad``): the
+    read step then records it as a bad file instead of reading it.
+    """
 
     path: str
     row_group: int | None = None
     first_row: int = 0
+    error: str | None = None
+
+
+def is_own_output(path: str, base: str, known: dict[str, bool] | None = None) -> bool:
+    """Whether ``path`` (matched by a glob below folder ``base``) is a file this project wrote:
+    a summary, manifest or marker (a name in :data:`OWN_FILES`, or starting with ``.`` or ``_``),
+    or a file in a folder at or below ``base`` that holds one of :data:`OWN_MARKERS` (a snapshot,
+    an index, a model, ground truth). ``known`` caches the folders already looked at."""
+    known = {} if known is None else known
+    name = posixpath.basename(path)
+    if name in OWN_FILES or name.startswith((".", "_")):
+        return True
+    if "://" not in path:
+        path, base = os.path.abspath(path), os.path.abspath(base or ".")
+    base = base.rstrip("/") or "/"
+    folder = posixpath.dirname(path)
+    while folder.startswith(base) and len(folder) >= len(base):
+        if folder not in known:
+            known[folder] = any(FileSystems.exists(join(folder, m)) for m in OWN_MARKERS)
+        if known[folder]:
+            return True
+        if folder == base:
+            break
+        folder = posixpath.dirname(folder)
+    return False
 
 
 def expand_inputs(patterns: Sequence[str], flag: str = "--input") -> list[str]:
@@ -38,6 +88,10 @@ def expand_inputs(patterns: Sequence[str], flag: str = "--input") -> list[str]:
             raise InputNotFoundError(f"{flag} {pattern!r}: cannot be read ({exc})") from exc
         if not matched:
             raise InputNotFoundError(f"{flag} {pattern!r} matches no file")
+        if any(c in pattern for c in "*?["):
+            matched = _without_own_outputs(matched, pattern)
+            if not matched:
+                raise InputNotFoundError(f"{flag} {pattern!r} matches only outputs of this project")
         paths.extend(matched)
     unknown = [p for p in paths if not p.endswith(JSONL_SUFFIXES + PARQUET_SUFFIXES)]
     if unknown:
@@ -49,46 +103,116 @@ def expand_inputs(patterns: Sequence[str], flag: str = "--input") -> list[str]:
     return sorted(set(paths))
 
 
-def splits_of(paths: Sequence[str]) -> list[Split]:
-    """Parquet files split by row group (so they read in parallel); JSONL files whole."""
+def _without_own_outputs(paths: list[str], pattern: str) -> list[str]:
+    known: dict[str, bool] = {}
+    wild = min(pattern.find(c) for c in "*?[" if c in pattern)
+    base = posixpath.dirname(pattern[:wild])
+    kept = [p for p in paths if not is_own_output(p, base, known)]
+    if len(kept) < len(paths):
+        skipped = sorted(set(paths) - set(kept))
+        log.info(
+            "%r: skipping %d file(s) this project wrote (summaries, markers, snapshot parts), e.g. %s",
+            pattern,
+            len(skipped),
+            skipped[0],
+        )
+    return kept
+
+
+def splits_of(paths: Sequence[str], *, check: SchemaCheck | None = None, skip_bad: bool = False) -> list[Split]:
+    """Parquet files split by row group (so they read in parallel); JSONL files whole.
+
+    Each file's header is checked first (gzip magic; Parquet footer and ``check`` of its
+    schema): a bad one raises :class:`BadInputError`, or with ``skip_bad`` becomes one
+    ``Split`` with ``error`` set.
+    """
     splits: list[Split] = []
     for path in paths:
-        if not path.endswith(PARQUET_SUFFIXES):
-            splits.append(Split(path))
-            continue
-        with FileSystems.open(path) as source:
+        try:
+            splits.extend(_splits_of_file(path, check))
+        except BadInputError as exc:
+            if not skip_bad:
+                raise
+            log.warning("skipping bad file: %s", exc)
+            splits.append(Split(path, error=str(exc)))
+    return splits
+
+
+def _splits_of_file(path: str, check: SchemaCheck | None) -> list[Split]:
+    if not path.endswith(PARQUET_SUFFIXES):
+        if path.endswith(".gz"):
+            with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as raw:
+                if raw.read(2) not in (b"\x1f\x8b", b""):
+                    raise BadInputError(f"{path}: not gzip (no gzip header at byte 0); nothing read")
+        return [Split(path)]
+    try:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as source:
             meta = pq.ParquetFile(source).metadata
-        first = 0
-        for i in range(meta.num_row_groups):
-            splits.append(Split(path, i, first))
-            first += meta.row_group(i).num_rows
+    except _READ_ERRORS as exc:
+        raise BadInputError(f"{path}: not a readable Parquet file ({exc}); nothing read") from exc
+    problem = check(meta.schema.to_arrow_schema()) if check else None
+    if problem:
+        raise BadInputError(f"{path}: {problem}; nothing read")
+    splits, first = [], 0
+    for i in range(meta.num_row_groups):
+        splits.append(Split(path, i, first))
+        first += meta.row_group(i).num_rows
     return splits
 
 
 def read_row_group(split: Split) -> pa.Table:
-    with FileSystems.open(split.path) as source:
-        return pq.ParquetFile(source).read_row_group(split.row_group or 0)
+    """One row group of a Parquet file; :class:`BadInputError` when it cannot be read."""
+    try:
+        with FileSystems.open(split.path, compression_type=CompressionTypes.UNCOMPRESSED) as source:
+            return pq.ParquetFile(source).read_row_group(split.row_group or 0)
+    except _READ_ERRORS as exc:
+        raise BadInputError(
+            f"{split.path}: row group {split.row_group} (rows from {split.first_row}) cannot be read ({exc})"
+        ) from exc
+
+
+def _open_lines(path: str) -> IO[bytes] | gzip.GzipFile:
+    raw = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    if path.endswith(".gz"):
+        return gzip.GzipFile(fileobj=raw, mode="rb")
+    return raw
 
 
 def read_line_batches(path: str, batch_size: int) -> Iterator[tuple[list[bytes], list[str]]]:
     """(lines, sources) batches of a JSONL(.gz) file; sources are ``path:line`` (1-based).
 
-    Blank lines are skipped (they carry no record); a trailing ``\\r`` is stripped.
+    Blank lines are skipped (they carry no record); a trailing ``\\r`` is stripped. A file
+    that ends early (truncated gzip) or is not what its name says raises
+    :class:`BadInputError` after yielding every line read before the fault.
     """
     lines: list[bytes] = []
     sources: list[str] = []
-    with FileSystems.open(path, compression_type=CompressionTypes.AUTO) as f:
-        for number, raw in enumerate(iter(f.readline, b""), start=1):  # CompressedFile is not iterable
-            line = raw.rstrip(b"\r\n")
-            if not line.strip():
-                continue
-            lines.append(line)
-            sources.append(f"{path}:{number}")
-            if len(lines) >= batch_size:
-                yield lines, sources
-                lines, sources = [], []
+    number = 0
+    try:
+        with _open_lines(path) as f:
+            for number, raw in enumerate(iter(f.readline, b""), start=1):
+                line = raw.rstrip(b"\r\n")
+                if not line.strip():
+                    continue
+                lines.append(line)
+                sources.append(f"{path}:{number}")
+                if len(lines) >= batch_size:
+                    yield lines, sources
+                    lines, sources = [], []
+    except _READ_ERRORS as exc:
+        if lines:  # what was read before the fault is kept (and counted) like any other batch
+            yield lines, sources
+        raise BadInputError(f"{path}: cannot be read past line {number} ({_why(exc)})") from exc
     if lines:
         yield lines, sources
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, EOFError):
+        return "the compressed stream ends early: the file is truncated"
+    if isinstance(exc, gzip.BadGzipFile):
+        return f"not gzip: {exc}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def join(root: str, *parts: str) -> str:
