@@ -90,9 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="CPU threads of the refresh's inference: the reader, the flusher and the runner "
         "share the worker's cores (default: %(default)s)",
     )
-    parser.add_argument(
-        "--metrics-port", type=int, default=None, help="serve Prometheus metrics (lag, rates, freshness) on this port"
-    )
+    flags.add_max_future(parser)
     add_connection_arguments(parser)
     group = parser.add_argument_group(
         "runner", "the job runs on Beam's Prism; other Beam pipeline options in Beam's spelling go to Beam as given"
@@ -134,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
         candidate_ttl_s=args.candidate_ttl,
         device=args.device,
         torch_threads=args.torch_threads,
+        max_future_s=args.max_future,
     )
     if config.store:
         from pipelines.store import open_store

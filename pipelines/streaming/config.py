@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipelines.errors import ConfigError
@@ -29,6 +31,14 @@ class StreamConfig:
     candidate_ttl_s: float = 86_400.0
     device: str = "auto"
     torch_threads: int = 1
+    #: Events later than the job's clock plus this become ``future_time`` dead letters.
+    max_future_s: float = 86_400.0
+    #: The job's clock (seconds since the epoch), read once per decoded batch; injectable for tests.
+    clock: Callable[[], float] = time.time
+
+    def max_time_ms(self) -> int:
+        """The latest event time accepted now."""
+        return int((self.clock() + self.max_future_s) * 1000)
 
     def __post_init__(self) -> None:
         if not self.topic or not self.group:

@@ -201,7 +201,7 @@ class _ReadPartitionFn(beam.DoFn):
         self._commits[p] = (committed, now, now)
 
     def _emit(self, element: PartitionStart, batch: Any, position: int, after: int) -> Iterator[Any]:
-        decoded = decode_indexed(batch.payloads, batch.sources)
+        decoded = decode_indexed(batch.payloads, batch.sources, max_time_ms=self._config.max_time_ms())
         events = decoded.result.events
         _record_read(events.num_rows, decoded.result.dead_letters)
         offsets = batch.offsets

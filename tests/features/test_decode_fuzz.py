@@ -145,3 +145,13 @@ def test_times_shifted_off_the_calendar_are_bad_timestamps() -> None:
 def test_enum_spellings_are_still_fast() -> None:
     payloads = [line(surface=s, event_type=e) for s in SURFACES for e in EVENT_TYPES]
     assert decode_events(Payloads.from_list(payloads), _sources).events.num_rows == len(payloads)
+
+
+def test_the_streaming_job_bounds_times_by_its_own_clock() -> None:
+    from pipelines.streaming.config import StreamConfig
+
+    config = StreamConfig(topic="t", output="o", group="g", max_future_s=60.0, clock=lambda: T0 / 1000)
+    assert config.max_time_ms() == T0 + 60_000
+    late = line(event_time=T0 + 60_001)
+    result = decode_events(Payloads.from_list([line(), late]), _sources, max_time_ms=config.max_time_ms())
+    assert result.dead_letters.column("reason").to_pylist() == [reasons.FUTURE_TIME]
