@@ -194,6 +194,8 @@ def main() -> None:
         ranges = ranges_of(connection, topic)
     n = sum(r.size for r in ranges)
 
+    crc = crc_cost(connection, ranges)
+    print(crc, flush=True)
     runs = measure_consume(connection, kcat, topic, ranges)
     rates = {name: n / run.wall_s for name, run in runs.items()}
     produce_n = min(total, 20_000 if QUICK else 100_000)
@@ -224,6 +226,44 @@ def main() -> None:
         f"(one kafka-python reader {rates['kafka-python'] / 1e3:.0f}k) vs kcat {rates['kcat'] / 1e3:.0f}k msg/s; "
         f"produce kafka-python {produce_rates['kafka-python'] / 1e3:.1f}k, "
         f"confluent {produce_rates['confluent'] / 1e3:.0f}k msg/s; {n} messages",
+    )
+    print(crc)
+
+
+def crc_cost(connection: KafkaConnection, ranges: list[PartitionRange]) -> str:
+    """The CRC-32C check's share of parse_records, on real fetch responses (held in memory, so the
+    network is out of it): best of REPEAT parses of every response with and without the check."""
+    from crc32c import crc32c
+
+    from pipelines.io.kafka.consume import KafkaPythonFetcher
+    from pipelines.io.kafka.records import parse_records
+
+    fetcher = KafkaPythonFetcher(connection)
+    responses: list[tuple[bytes, int, int]] = []
+    try:
+        for part in ranges:
+            position = part.start
+            while position < part.stop:
+                buffer = fetcher._fetch_once(part, position)
+                responses.append((buffer, position, part.stop))
+                position = max(position + 1, parse_records(buffer, position, part.stop).next_offset)
+    finally:
+        fetcher.close()
+    n = sum(len(parse_records(b, lo, hi).offsets) for b, lo, hi in responses)
+    size = sum(len(b) for b, _, _ in responses)
+    best: dict[object, float] = {}
+    for mode in ("off", "on", "crc") * (REPEAT + 2):
+        if mode == "crc":  # the check alone: crc32c over every response's bytes, as parse_records calls it
+            _, took = timed(lambda: [crc32c(memoryview(b)) for b, _, _ in responses])
+        else:
+            check = mode == "on"
+            _, took = timed(lambda check=check: [parse_records(b, lo, hi, check_crc=check) for b, lo, hi in responses])
+        best[mode] = min(best.get(mode, took), took)
+    return (
+        f"CRC-32C check: {best['crc'] / n * 1e9:.1f} ns per message ({size / best['crc'] / 1e9:.1f} GB/s), "
+        f"{best['crc'] / best['off']:.1%} of parse_records without it ({best['off'] / n * 1e6:.2f} us per message); "
+        f"parse_records with/without the check: ratio {best['on'] / best['off']:.3f} (noise of a few %); "
+        f"{n} messages, {size / 1e6:.0f} MB in {len(responses)} responses"
     )
 
 

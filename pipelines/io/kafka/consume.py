@@ -297,7 +297,7 @@ class PartitionPoller:
             **connection.kafka_python(),
             group_id=None,
             enable_auto_commit=False,
-            check_crcs=False,
+            check_crcs=True,  # CRC-32C per batch (C code from the crc32c package)
             fetch_min_bytes=1,
             fetch_max_wait_ms=50,
             max_poll_records=max_batch,
@@ -379,7 +379,7 @@ class ConfluentFetcher:
             "enable.partition.eof": True,
             "fetch.max.bytes": 64 << 20,
             "max.partition.fetch.bytes": 8 << 20,
-            "check.crcs": False,
+            "check.crcs": True,
             # Prefetch is bounded by bytes only: with the default queued.min.messages
             # (100k) librdkafka stopped fetching whenever the reader was 100k behind
             # ("Fetch backoff for 1000ms: Local: Queue full") and consume() sat idle

@@ -8,6 +8,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
+from crc32c import crc32c
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.record import MemoryRecords
@@ -16,7 +17,7 @@ from kafka.record.legacy_records import LegacyRecordBatchBuilder
 
 from pipelines.features.decode import decode_events
 from pipelines.io.kafka import records as records_module
-from pipelines.io.kafka.records import RecordsError, parse_records
+from pipelines.io.kafka.records import CorruptBatchError, RecordsError, parse_records
 from pipelines.io.payloads import Payloads
 from tests.features.factories import line
 
@@ -40,6 +41,12 @@ def _batch(base: int, records: list[Record], codec: int = 0, offset_step: int = 
     data = bytearray(builder.build())
     struct.pack_into(">q", data, 0, base)  # the broker sets the base offset (outside the CRC)
     return bytes(data)
+
+
+def _resealed(batch: bytearray) -> bytes:
+    """A batch edited in its CRC-covered bytes (from the attributes on), with its CRC-32C recomputed."""
+    struct.pack_into(">I", batch, 17, crc32c(memoryview(batch)[21:]))
+    return bytes(batch)
 
 
 def _reference(buffer: bytes) -> list[tuple[int, bytes]]:
@@ -107,6 +114,7 @@ def test_next_offset_passes_control_batches_and_stops_before_a_cut_batch() -> No
     first = _batch(0, [(b"k", line(), [])] * 3)
     control = bytearray(_batch(3, [(b"\x00\x00\x00\x00", b"\x00\x00\x00\x00", [])]))
     struct.pack_into(">h", control, 21, struct.unpack_from(">h", control, 21)[0] | _CONTROL_BIT)
+    control = bytearray(_resealed(control))
     last = _batch(4, [(b"k", line(), [])] * 2)
     whole = first + bytes(control) + last
     assert parse_records(whole, 0, 100).next_offset == 6
@@ -151,3 +159,15 @@ def test_a_record_longer_than_its_batch_is_corrupt() -> None:
     buffer[61] = 0x7E  # the first record's length varint: 63 bytes, past the batch's end
     with pytest.raises(RecordsError):
         parse_records(bytes(buffer), 0, 10)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_a_flipped_bit_anywhere_under_the_crc_fails_the_batch(data: st.DataObject) -> None:
+    good = _batch(10, [(b"k", line(event_id=f"c{i}"), []) for i in range(20)])
+    bad = bytearray(_batch(30, [(b"k", line(event_id=f"d{i}"), []) for i in range(20)]))
+    at = data.draw(st.integers(21, len(bad) - 1))
+    bad[at] ^= 1 << data.draw(st.integers(0, 7))
+    with pytest.raises(CorruptBatchError, match=r"batch at offset 30 fails its CRC-32C"):
+        parse_records(good + bytes(bad), 0, 1 << 62)
+    assert len(parse_records(good, 0, 1 << 62).offsets) == 20
