@@ -38,7 +38,7 @@ from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from itertools import repeat
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 # This script's folder must not be on the path: it would shadow the kafka-python package.
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -251,13 +251,21 @@ def crc_cost(connection: KafkaConnection, ranges: list[PartitionRange]) -> str:
         fetcher.close()
     n = sum(len(parse_records(b, lo, hi).offsets) for b, lo, hi in responses)
     size = sum(len(b) for b, _, _ in responses)
-    best: dict[object, float] = {}
-    for mode in ("off", "on", "crc") * (REPEAT + 2):
-        if mode == "crc":  # the check alone: crc32c over every response's bytes, as parse_records calls it
-            _, took = timed(lambda: [crc32c(memoryview(b)) for b, _, _ in responses])
-        else:
-            check = mode == "on"
-            _, took = timed(lambda check=check: [parse_records(b, lo, hi, check_crc=check) for b, lo, hi in responses])
+
+    def crc_only() -> list[int]:  # the check alone: crc32c over every response's bytes, as parse_records calls it
+        return [crc32c(memoryview(b)) for b, _, _ in responses]
+
+    def parse(check: bool) -> list[Any]:
+        return [parse_records(b, lo, hi, check_crc=check) for b, lo, hi in responses]
+
+    runs: dict[str, Callable[[], list[Any]]] = {
+        "off": partial(parse, False),
+        "on": partial(parse, True),
+        "crc": crc_only,
+    }
+    best: dict[str, float] = {}
+    for mode in list(runs) * (REPEAT + 2):
+        _, took = timed(runs[mode])
         best[mode] = min(best.get(mode, took), took)
     return (
         f"CRC-32C check: {best['crc'] / n * 1e9:.1f} ns per message ({size / best['crc'] / 1e9:.1f} GB/s), "
