@@ -270,7 +270,7 @@ def crc_cost(connection: KafkaConnection, ranges: list[PartitionRange]) -> str:
     return (
         f"CRC-32C check: {best['crc'] / n * 1e9:.1f} ns per message ({size / best['crc'] / 1e9:.1f} GB/s), "
         f"{best['crc'] / best['off']:.1%} of parse_records without it ({best['off'] / n * 1e6:.2f} us per message); "
-        f"parse_records with/without the check: ratio {best['on'] / best['off']:.3f} (end to end: noisy on a busy machine); "
+        f"parse_records with/without the check: ratio {best['on'] / best['off']:.3f} (end to end, noisy); "
         f"{n} messages, {size / 1e6:.0f} MB in {len(responses)} responses"
     )
 

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from pipelines import redact
 from pipelines.errors import PipelinesError
 
 #: command name -> (module path, one-line help)
@@ -114,6 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.beam_args = extra
     configure_logging(args.verbose)
+    redact.install()  # stdout, stderr and every log record: no password is ever printed
     try:
         return int(args._module.run(args))
     except PipelinesError as exc:

@@ -20,15 +20,26 @@ import time
 from pipelines.cli import flags
 from pipelines.errors import ConfigError
 
+DEFAULT_MAX_AGE_S = 3_600.0
+DEFAULT_FALLBACK_MAX_AGE_S = 7 * 86_400.0
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", required=True, metavar="URI", help="lmdb:///path or redis://host:port/db")
     parser.add_argument("--index", required=True, metavar="INDEX_DIR", help="output folder of the index command")
     parser.add_argument("--user", required=True, type=int, help="the requesting user id")
     parser.add_argument("--ads", required=True, help="candidate ad ids, comma-separated")
-    flags.add_duration(parser, "--max-age", "1h", "an exact pair older than this is stale")
-    flags.add_duration(
-        parser, "--fallback-max-age", "7d", "staleness bound of same-user and neighbours' representations"
+    parser.add_argument(
+        "--max-age",
+        type=flags.duration,
+        metavar="DURATION",
+        help="an exact pair older than this is stale (default: the store URI's ?max_age=, else 1h)",
+    )
+    parser.add_argument(
+        "--fallback-max-age",
+        type=flags.duration,
+        metavar="DURATION",
+        help="staleness bound of same-user and neighbours' representations (default: 7d, or --max-age if longer)",
     )
     parser.add_argument("--k", type=int, default=10, help="nearest users searched (default: %(default)s)")
     parser.add_argument(
@@ -69,6 +80,20 @@ def _fmt(x: float | None, spec: str, unit: str = "") -> str:
     return "-".rjust(width + len(unit)) if x is None or math.isnan(x) else format(x, spec) + unit
 
 
+def _ages(args: argparse.Namespace) -> tuple[float, float]:
+    """(max age, fallback max age): --max-age, else the store URI's ``?max_age=``, else 1h; the
+    fallback bound --fallback-max-age, else 7d or the max age when that is longer."""
+    from pipelines.store import parse_store_uri
+
+    if args.max_age is not None:
+        max_age_s = args.max_age
+    else:
+        max_age_s = parse_store_uri(args.store).options.max_age_s or DEFAULT_MAX_AGE_S
+    if args.fallback_max_age is not None:
+        return max_age_s, args.fallback_max_age
+    return max_age_s, max(DEFAULT_FALLBACK_MAX_AGE_S, max_age_s)
+
+
 def run(args: argparse.Namespace) -> int:
     from pipelines.similarity.faiss_ops import faiss_gpu_mode
     from pipelines.similarity.policy import ResolverConfig
@@ -76,9 +101,10 @@ def run(args: argparse.Namespace) -> int:
     from pipelines.similarity.user_index import UserIndex
     from pipelines.store import open_store
 
+    max_age_s, fallback_max_age_s = _ages(args)
     config = ResolverConfig(
-        max_age_s=args.max_age,
-        fallback_max_age_s=args.fallback_max_age,
+        max_age_s=max_age_s,
+        fallback_max_age_s=fallback_max_age_s,
         k=args.k,
         min_neighbors=args.min_neighbors,
         paths=tuple(p.strip() for p in args.paths.split(",") if p.strip()),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 
 from pipelines.cli import flags
 
@@ -74,9 +75,13 @@ def run(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
     )
     if args.store:
-        from pipelines.store import open_store
+        from pipelines.redact import redact
+        from pipelines.store import check_store
 
-        open_store(args.store).close()  # a bad URI or an unreachable server fails before any work
+        # A bad URI, an unreachable server, refused credentials, an old version, a full disk or a
+        # damaged LMDB file all fail here, before any inference runs.
+        found = check_store(args.store)
+        logging.getLogger(__name__).info("store %s ready: %s", redact(args.store), found)
     summary = run_precompute(config, pipeline_options(args, args.beam_args), runner_for(args))
     print(json.dumps(summary, indent=2))
     print(

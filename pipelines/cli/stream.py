@@ -135,9 +135,9 @@ def run(args: argparse.Namespace) -> int:
         max_future_s=args.max_future,
     )
     if config.store:
-        from pipelines.store import open_store
+        from pipelines.store import check_store
 
-        open_store(config.store).close()  # a bad URI or an unreachable server fails before any work
+        check_store(config.store)  # a bad URI, an unreachable server or refused credentials fail before any work
     if config.model:
         from pipelines.precompute.pipeline import load_model_flag
 

@@ -17,6 +17,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipelines.errors import PipelinesError
 from pipelines.io.files import join
+from pipelines.redact import redact_fields
 
 __all__ = ["SUMMARY", "Balance", "read_summary", "sum_counts", "write_summary"]
 
@@ -39,8 +40,9 @@ def read_summary(directory: str) -> dict:
 
 
 def write_summary(directory: str, summary: Mapping[str, object]) -> None:
+    """Write ``summary.json``; every string in it passes :func:`pipelines.redact.redact` (no password)."""
     with FileSystems.create(join(directory, SUMMARY)) as f:
-        f.write(json.dumps(summary, indent=2).encode())
+        f.write(json.dumps(redact_fields(summary), indent=2).encode())
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from pipelines.precompute.transforms import (
     RunGemInference,
     WriteRepresentations,
 )
+from pipelines.redact import redact
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +150,7 @@ def build_precompute(
         "candidates": list(config.candidates),
         "model": config.model,
         "model_version": resolved.model_version,
-        "store": config.store,
+        "store": redact(config.store) if config.store else None,
         "all_users": config.all_users,
         "batching": config.batching,
         "token_budget": config.token_budget,

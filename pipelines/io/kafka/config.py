@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.errors import ConfigError
+from pipelines.redact import register_secret
 
 __all__ = [
     "DEFAULT_BOOTSTRAP",
@@ -48,6 +49,7 @@ class KafkaConnection:
     client_id: str = "gem-pipelines"
 
     def __post_init__(self) -> None:
+        register_secret(self.sasl_password)
         if not self.bootstrap_servers or not all(_is_host_port(s) for s in self.bootstrap_servers):
             raise ConfigError(
                 "--bootstrap-servers",
