@@ -369,7 +369,17 @@ def _lookup(catalog: pa.Table | None, ad_ids: np.ndarray) -> tuple[np.ndarray, n
     return np.where(hit, adv, -1), np.where(hit, cat, -1)
 
 
+def _no_histories() -> HistoryIndex:
+    """An index with one one-event history of user -1 (no real id): lookups of row 0 and event 0 under a
+    ``rows >= 0`` mask stay in bounds, and no candidate's user is found in it."""
+    from schemas.layouts import HISTORY
+
+    row = {"user_id": -1, "events": [{"item_id": -1, "event_time": 0}], "num_events_total": 1}
+    return HistoryIndex(pa.Table.from_pylist([row], HISTORY.schema))
+
+
 def _evicted(index: HistoryIndex, rows: np.ndarray) -> np.ndarray:
+    """Events folded out of each row's stored history (0 for a user without one: ``rows`` -1)."""
     safe = np.maximum(rows, 0)
     stored = index.offsets[safe + 1] - index.offsets[safe]
     return np.where(rows >= 0, index.num_events_total[safe] - stored, 0)
@@ -386,6 +396,8 @@ def build_candidate_batch(
     get null ones. Devices are unknown at this stage (null).
     """
     index = _index(histories)
+    if len(index.user_ids) == 0:  # a shard without a history file: every user starts from nothing
+        index = _no_histories()
     counts = _np(pc.list_value_length(candidates.column("ad_ids")), 0).astype(np.int64)
     ad_ids = _np(pc.list_flatten(candidates.column("ad_ids"))).astype(np.int64)
     user_ids = np.repeat(_np(candidates.column("user_id")).astype(np.int64), counts)

@@ -84,14 +84,31 @@ def read_manifest(folder: str | Path) -> IndexManifest:
             f"{str(folder)!r} has no {MANIFEST_NAME}",
             "pass the --output folder of `python -m pipelines index`",
         )
-    data: dict[str, Any] = json.loads(path.read_text())
-    if data.get("format_version") != FORMAT_VERSION:
-        raise ConfigError(
-            "--index",
-            f"{path} is index format {data.get('format_version')}, this code reads {FORMAT_VERSION}",
-            "rebuild the index with `python -m pipelines index`",
-        )
-    return IndexManifest(**data)
+    rebuild = "rebuild the index with `python -m pipelines index`"
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError("--index", f"{path} is not valid JSON ({exc})", rebuild) from exc
+    if not isinstance(data, dict) or data.get("format_version") != FORMAT_VERSION:
+        found = data.get("format_version") if isinstance(data, dict) else type(data).__name__
+        raise ConfigError("--index", f"{path} is index format {found}, this code reads {FORMAT_VERSION}", rebuild)
+    try:
+        manifest = IndexManifest(**data)
+    except TypeError as exc:
+        raise ConfigError("--index", f"{path} has fields this code does not know ({exc})", rebuild) from exc
+    for name in manifest.files:
+        if not _inside(Path(folder), name):
+            raise ConfigError(
+                "--index", f"{path} names {name!r}, a file outside its folder (refused)", f"{rebuild} into a new folder"
+            )
+    return manifest
+
+
+def _inside(folder: Path, name: object) -> bool:
+    """Whether ``name`` is a plain file name of ``folder``: no separator, no ``..``, not absolute."""
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        return False
+    return (folder / name).resolve().parent == folder.resolve()
 
 
 def write_id_map(folder: str | Path, user_ids: np.ndarray) -> Path:

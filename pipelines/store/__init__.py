@@ -26,7 +26,7 @@ from pipelines.store.batch import RepresentationArrays
 from pipelines.store.codec import NULL_MS, Encoding, Key, record_nbytes
 from pipelines.store.lmdb_store import LmdbConfig, LmdbStore
 from pipelines.store.redis_store import DEFAULT_REDIS_URL, RedisConfig, RedisStore, default_redis_url
-from pipelines.store.registry import BACKENDS, StoreSpec, open_store, parse_store_uri
+from pipelines.store.registry import BACKENDS, StoreSpec, check_store, open_store, parse_store_uri
 from pipelines.store.result import ReadResult, RequestRead
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "StoreSpec",
     "StoreUnavailableError",
     "WriteReport",
+    "check_store",
     "default_redis_url",
     "open_store",
     "pair_grid",

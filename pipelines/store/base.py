@@ -147,6 +147,11 @@ class OnlineStore(abc.ABC):
     def close(self) -> None:
         """Release connections and file handles."""
 
+    def check(self) -> dict[str, object]:
+        """Prove the store usable before any work (reached, authenticated, a supported version, room
+        to write where knowable); raise a :class:`PipelinesError` naming the fix. Returns what it found."""
+        return {}
+
     # -- the public part -----------------------------------------------------------------
     def write_batch(self, batch: pa.Table | pa.RecordBatch | RepresentationArrays) -> WriteReport:
         """Write representations (REPRESENTATION layout table, or arrays) in one round trip."""

@@ -24,9 +24,12 @@ import lmdb
 
 from pipelines.store.base import Clock, OnlineStore, StoreFullError, StoreOptions
 from pipelines.store.codec import computed_at_of
+from pipelines.store.lmdb_file import check_data_file
 
 __all__ = ["LmdbConfig", "LmdbStore"]
 
+#: ``check`` refuses a store whose file system has less free space than this.
+MIN_FREE_BYTES = 64 << 20
 _ENVS: dict[str, tuple[lmdb.Environment, int]] = {}
 _ENVS_LOCK = threading.Lock()
 
@@ -111,6 +114,20 @@ class LmdbStore(OnlineStore):
             self._closed = True
             _release(self._path)
 
+    def check(self) -> dict[str, object]:
+        """The data file was checked when opened; here: the file system has room to grow
+        (at least :data:`MIN_FREE_BYTES` free) and the store can be written."""
+        stat = os.statvfs(self._path)
+        free = stat.f_bavail * stat.f_frsize
+        if free < MIN_FREE_BYTES:
+            raise StoreFullError(
+                f"LMDB store {self._path}: only {free / 2**20:.0f} MiB free on its file system (need at least "
+                f"{MIN_FREE_BYTES / 2**20:.0f} MiB); free space there or point --store at another disk"
+            )
+        if not os.access(self._path, os.W_OK):
+            raise StoreFullError(f"LMDB store {self._path} is not writable; fix its permissions or choose another")
+        return {"free_bytes": free, "records": self.count()}
+
     def __repr__(self) -> str:
         return f"LmdbStore({self._path!r})"
 
@@ -120,6 +137,7 @@ def _acquire(path: str, map_size_gb: float) -> lmdb.Environment:
         env, refs = _ENVS.get(path, (None, 0))
         if env is None:
             os.makedirs(path, exist_ok=True)
+            check_data_file(path)  # a truncated file would raise SIGBUS once mapped
             env = lmdb.open(path, map_size=int(map_size_gb * 2**30), max_dbs=2, readahead=False, meminit=False)
         _ENVS[path] = (env, refs + 1)
         return env

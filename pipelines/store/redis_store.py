@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from pipelines.optional import require_on_use
+from pipelines.redact import redact
 from pipelines.store.base import Clock, OnlineStore, StoreFullError, StoreOptions, StoreUnavailableError
 from pipelines.store.codec import COMPUTED_AT_OFFSET
 
@@ -153,8 +154,40 @@ class RedisStore(OnlineStore):
     def close(self) -> None:
         self._client.close()
 
+    def check(self) -> dict[str, object]:
+        """PING (reach and AUTH), the server version (>= 4.0: UNLINK, MEMORY USAGE, PXAT needs 6.2 with
+        expire_after) and, with a ``maxmemory`` and no eviction, that memory is not already full."""
+        with self._errors():
+            try:
+                self._client.ping()
+                info = self._client.info()
+            except redis.AuthenticationError as exc:
+                raise StoreUnavailableError(
+                    f"Redis at {redact(self.config.url)} refused the credentials ({redact(str(exc))}); "
+                    "fix the user:password in --store"
+                ) from exc
+            except redis.ResponseError as exc:  # NOAUTH, WRONGPASS, AUTH without a configured password
+                raise StoreUnavailableError(
+                    f"Redis at {redact(self.config.url)} refused the connection ({redact(str(exc))}); "
+                    "fix the user:password in --store"
+                ) from exc
+        version = str(info.get("redis_version", "0"))
+        need = (6, 2) if self.options.expire_after_s else (4, 0)
+        if tuple(int(p) for p in version.split(".")[:2] if p.isdigit()) < need:
+            raise StoreUnavailableError(
+                f"Redis at {redact(self.config.url)} is version {version}; this store needs "
+                f"{'.'.join(map(str, need))} or newer. Fix: upgrade the server or use `make redis-up`"
+            )
+        used, most = int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
+        if most and used >= most and info.get("maxmemory_policy") == "noeviction":
+            raise StoreFullError(
+                f"Redis at {redact(self.config.url)} is full ({used:,} of maxmemory {most:,} bytes); raise its "
+                "maxmemory (GEM_REDIS_MAXMEMORY for make redis-up) or set expire_after"
+            )
+        return {"redis_version": version, "used_memory": used, "maxmemory": most}
+
     def __repr__(self) -> str:
-        return f"RedisStore({self.config.url!r}, namespace={self.config.namespace!r})"
+        return f"RedisStore({redact(self.config.url)!r}, namespace={self.config.namespace!r})"
 
     @contextmanager
     def _errors(self) -> Iterator[None]:
@@ -162,13 +195,13 @@ class RedisStore(OnlineStore):
             yield
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise StoreUnavailableError(
-                f"cannot reach Redis at {self.config.url} ({exc}); start the project's server with "
-                f"`make redis-up` or point --store / GEM_REDIS_URL at a running one"
+                f"cannot reach Redis at {redact(self.config.url)} ({redact(str(exc))}); start the project's "
+                f"server with `make redis-up` or point --store / GEM_REDIS_URL at a running one"
             ) from exc
         except redis.ResponseError as exc:
             if str(exc).startswith("OOM"):
                 raise StoreFullError(
-                    f"Redis at {self.config.url} is out of memory ({exc}); raise its maxmemory "
+                    f"Redis at {redact(self.config.url)} is out of memory ({exc}); raise its maxmemory "
                     "(GEM_REDIS_MAXMEMORY for make redis-up) or set expire_after"
                 ) from exc
             raise

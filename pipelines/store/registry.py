@@ -20,12 +20,13 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from pipelines.durations import parse_duration
 from pipelines.errors import ConfigError
+from pipelines.redact import register_uri
 from pipelines.store.base import Clock, OnlineStore, StoreOptions
 from pipelines.store.codec import ENCODINGS, Encoding
 from pipelines.store.lmdb_store import LmdbConfig, LmdbStore
 from pipelines.store.redis_store import RedisConfig, RedisStore
 
-__all__ = ["BACKENDS", "StoreSpec", "open_store", "parse_store_uri"]
+__all__ = ["BACKENDS", "StoreSpec", "check_store", "open_store", "parse_store_uri"]
 
 FLAG = "--store"
 _COMMON = ("max_age", "expire_after", "encoding")
@@ -46,6 +47,7 @@ def parse_store_uri(uri: str) -> StoreSpec:
     """Parse ``uri`` (see the module docstring); :class:`ConfigError` naming ``--store`` if bad."""
     if not uri or not uri.strip():
         raise ConfigError(FLAG, "the store URI is empty", f"give one of {_EXAMPLES}")
+    register_uri(uri)  # its password is masked in every message from now on
     scheme = uri.split(":", 1)[0].lower() if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", uri) else ""
     if scheme in ("redis", "rediss"):
         return _redis_spec(uri)
@@ -155,3 +157,13 @@ BACKENDS: dict[str, Callable[[LmdbConfig | RedisConfig, StoreOptions, Clock | No
     "lmdb": _open_lmdb,
     "redis": _open_redis,
 }
+
+
+def check_store(uri: str) -> dict[str, object]:
+    """Open the store at ``uri``, prove it usable (:meth:`OnlineStore.check`: reached, authenticated,
+    a supported version, room to write) and close it: the check a command runs before any work."""
+    store = open_store(uri)
+    try:
+        return store.check()
+    finally:
+        store.close()

@@ -16,7 +16,7 @@ from pipelines.model.inputs import (
     build_example_batch,
     build_user_batch,
 )
-from schemas.layouts import CANDIDATES
+from schemas.layouts import CANDIDATES, HISTORY
 from tests.model.factories import T0, event, examples_table, histories_table, random_batch
 
 SEC = 1000
@@ -150,3 +150,19 @@ def test_slice_is_select_of_a_contiguous_range(start: int, stop: int) -> None:
     sliced, selected = batch.slice(start, stop), batch.select(torch.arange(start, stop))
     for f in fields(GemBatch):
         torch.testing.assert_close(getattr(sliced, f.name), getattr(selected, f.name), equal_nan=True, msg=f.name)
+
+
+def test_candidates_of_a_shard_without_histories_get_empty_prefixes() -> None:
+    # A small or sparse snapshot has shards with no history file: precompute then reads an empty table.
+    candidates = pa.Table.from_pylist(
+        [
+            {"request_id": "r1", "user_id": 10, "surface": 3, "request_time": T0, "ad_ids": [200, 201]},
+            {"request_id": "r2", "user_id": 11, "surface": 0, "request_time": T0, "ad_ids": [202]},
+        ],
+        schema=CANDIDATES.with_metadata(),
+    )
+    empty = build_candidate_batch(HISTORY.schema.empty_table(), candidates, max_len=3)
+    elsewhere = build_candidate_batch(histories_table({99: [event(0, T0 - SEC)]}), candidates, max_len=3)
+    assert empty.lengths.tolist() == elsewhere.lengths.tolist() == [0, 0, 0]
+    assert empty.history_length.tolist() == elsewhere.history_length.tolist() == [0, 0, 0]
+    assert empty.user_id.tolist() == [10, 10, 11] and empty.target_item.tolist() == [200, 201, 202]

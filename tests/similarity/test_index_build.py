@@ -182,3 +182,17 @@ def test_gpu_auto_stays_on_cpu_without_gpu_support() -> None:
     assert ops.gpu_count("auto") == 0  # faiss-cpu here: the CPU path is the one tested for real
     index = ops.new_index("Flat", DIM, "ip")
     assert ops.to_gpu(index, "auto") == (index, False)
+
+
+@pytest.mark.parametrize("name", ["../other/index.faiss", "/etc/passwd", "..", "sub/index.faiss", ""])
+def test_a_manifest_cannot_name_files_outside_its_folder(tmp_path: Path, data: np.ndarray, name: str) -> None:
+    import json
+
+    write_built(build_index(users(data), BuildSpec(factory="Flat")), tmp_path / "idx")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "index.faiss").write_bytes((tmp_path / "idx" / "index.faiss").read_bytes())
+    manifest = json.loads((tmp_path / "idx" / "manifest.json").read_text())
+    manifest["files"] = [name]
+    (tmp_path / "idx" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ConfigError, match="outside its folder"):
+        UserIndex.load(tmp_path / "idx", gpu="off")
