@@ -61,14 +61,13 @@ class _Parser(argparse.ArgumentParser):
 def configure_logging(verbose: bool) -> None:
     """The project's own progress at INFO; libraries (Beam, kafka-python, ...) only from WARNING,
     unless ``-v``, which shows everything at DEBUG."""
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        force=True,
-    )
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # no-op if configured
+    logging.getLogger().setLevel(logging.DEBUG if verbose else logging.WARNING)
     logging.getLogger("pipelines").setLevel(logging.DEBUG if verbose else logging.INFO)
     for name in ("", "apache_beam.io.gcp.bigquery"):
         logging.getLogger(name).addFilter(_QuietOptionalGcp())
+
+
 class _NoTracebackForOwnErrors(logging.Filter):
     """Beam logs a failing step's exception with its traceback; for the project's own errors
     (which name the fix) the one-line ``error:`` that :func:`main` prints is the whole story."""

@@ -69,6 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=BACKENDS,
         help="client library (default: %(default)s; confluent needs the kafka-fast extra)",
     )
+    add_history_arguments(parser)
     add_connection_arguments(parser)
     flags.add_runner(parser)
 

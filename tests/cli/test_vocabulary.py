@@ -21,7 +21,15 @@ from tests.features.factories import T0, line
 #: What each command's --help must show of the shared vocabulary.
 SHARED = {
     "generate": ["--output", "--overwrite", "--candidates-output", "--seed"],
-    "features": ["--output", "--overwrite", "--click-window", "DURATION", "--runner", "--direct_running_mode"],
+    "features": [
+        "--output",
+        "--overwrite",
+        "--click-window",
+        "DURATION",
+        "--max-future",
+        "--skip-bad-files",
+        "--runner",
+    ],
     "replay": ["--output", "--overwrite", "--click-window", "--runner", "--direct_num_workers"],
     "train": ["--features", "--output", "--overwrite", "--device", "{auto,cpu,cuda}", "--holdout", "--seed"],
     "precompute": ["--features", "--model", "--output", "--overwrite", "--device", "{auto,cpu,cuda}", "--runner"],
