@@ -30,3 +30,11 @@ class LayoutError(PipelinesError, ValueError):
 class BadInputError(PipelinesError):
     """An input file cannot be read to its end: truncated or non-gzip compression, not Parquet,
     a schema the layouts cannot take. The message names the file and how far reading got."""
+
+
+class OutputLockedError(PipelinesError):
+    """Another run is writing the same output folder right now."""
+
+
+class SnapshotError(PipelinesError):
+    """A folder is not a committed snapshot, or its files are not the ones committed."""

@@ -121,12 +121,24 @@ def print_report(report: dict[str, Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _check(args)
+    from pipelines.io.commit import staged_output
+
+    with staged_output(args.output, overwrite=args.overwrite, holds="a fallback evaluation") as staging:
+        report = _evaluate(args, staging.root)
+        (Path(staging.root) / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print_report(report)
+    print(f"report: {Path(args.output) / 'report.json'} ({report['seconds']} s)")
+    return 0
+
+
+def _evaluate(args: argparse.Namespace, root: str) -> dict[str, Any]:
+    """Run the evaluation writing into ``root`` (the staging folder); the report names ``--output``."""
     from pipelines.similarity.evaluate import EvalConfig, evaluate_fallback
 
     config = EvalConfig(
         features=args.features,
         model=args.model,
-        output=args.output,
+        output=root,
         truth=args.truth,
         candidates=args.candidates,
         hide=args.hide,
@@ -139,8 +151,5 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
     )
     report = evaluate_fallback(config)
-    path = Path(args.output) / "report.json"
-    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    print_report(report)
-    print(f"report: {path} ({report['seconds']} s)")
-    return 0
+    report["config"] = {**report["config"], "output": args.output}
+    return report

@@ -52,11 +52,14 @@ def _print_dataset(d, args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipelines.inspect.report import find_datasets
+    from pipelines.inspect.report import find_datasets, is_streaming_output
 
+    datasets = find_datasets(args.path)  # refuses an uncommitted or damaged snapshot before printing anything
+    if is_streaming_output(Path(args.path)):
+        print("== a streaming job's output: flush files, each user's newest row is its current history")
     summary = Path(args.path) / "summary.json"
     if summary.is_file():
         print(f"== summary.json\n{summary.read_text()}")
-    for dataset in find_datasets(args.path):
+    for dataset in datasets:
         _print_dataset(dataset, args)
     return 0

@@ -86,27 +86,25 @@ def _partitions(text: str | None) -> list[int] | None:
 def _publish(
     connection: KafkaConnection, output: str, topic: str | None, dead_topic: str | None, partitions: int
 ) -> dict[str, int]:
-    import glob
-
     from pipelines.io.kafka.encode import dead_letters_to_json, histories_to_json
     from pipelines.io.kafka.produce import ensure_topic, open_sink
     from pipelines.io.parquet import read_table
-    from pipelines.io.shards import kind_glob
-    from pipelines.io.snapshot import DEAD_LETTERS, HISTORIES
+    from pipelines.io.snapshot import DEAD_LETTERS, HISTORIES, open_snapshot
     from schemas.layouts import DEAD_LETTER, HISTORY
 
     sent: dict[str, int] = {}
+    snapshot = open_snapshot(output, flag="--output", writer="python -m pipelines replay")
     jobs = [
-        (topic, kind_glob(output, HISTORIES), HISTORY, histories_to_json),
-        (dead_topic, f"{output}/{DEAD_LETTERS}/*.parquet", DEAD_LETTER, dead_letters_to_json),
+        (topic, snapshot.files(HISTORIES), HISTORY, histories_to_json),
+        (dead_topic, snapshot.files(DEAD_LETTERS), DEAD_LETTER, dead_letters_to_json),
     ]
-    for name, pattern, layout, encode in jobs:
+    for name, paths, layout, encode in jobs:
         if not name:
             continue
         ensure_topic(connection, name, partitions)
         sink = open_sink(connection, name)
         try:
-            for path in sorted(glob.glob(pattern)):
+            for path in paths:
                 sink.send_many(encode(read_table(path, layout)))
             sent[name] = sink.flush()
         finally:

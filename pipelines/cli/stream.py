@@ -102,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
 
+    from pipelines.io.commit import writer_lock
     from pipelines.io.kafka.config import connection_from_args
     from pipelines.io.kafka.ranges import Position
     from pipelines.runners import check_known, default_prism, merge_flags
@@ -134,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         torch_threads=args.torch_threads,
         max_future_s=args.max_future,
     )
+    _check_output(args.output)
     if config.store:
         from pipelines.store import check_store
 
@@ -167,9 +169,22 @@ def run(args: argparse.Namespace) -> int:
 
     stop_watching = watch_stream(connection, args.topic, args.group, args.metrics_port)
     try:
-        with beam.Pipeline(options=options) as p:
+        # one job per --output; a dead one frees it
+        with writer_lock(args.output), beam.Pipeline(options=options) as p:
             build_stream(p, connection, config, starts)
     finally:
         stop_watching()
     print(f"stream: {args.topic} finished (idle for {args.idle_exit} s); histories in {args.output}/histories")
     return 0
+
+
+def _check_output(output: str) -> None:
+    """A restarted job resumes its own flush files; a committed batch snapshot is never appended to."""
+    from pipelines.io.commit import read_commit
+
+    if read_commit(output) is not None:
+        raise ConfigError(
+            "--output",
+            f"{output!r} holds a committed batch snapshot (features, replay, precompute or index)",
+            "stream into a folder of its own; a restart passes the same streaming folder again",
+        )

@@ -112,13 +112,10 @@ def _check(args: argparse.Namespace) -> None:
         _positive(args, name, allow_zero=True)
     if args.d_model % 4:
         raise ConfigError("--d-model", f"{args.d_model} is not a multiple of 4 heads", "pass e.g. 32, 64 or 128")
-    data = Path(args.features)
-    if not (data / "histories").is_dir() or not (data / "training_examples").is_dir():
-        raise ConfigError(
-            "--features",
-            f"{data} has no histories/ and training_examples/ folders",
-            "pass the --output folder of `python -m pipelines features`",
-        )
+    from pipelines.io.snapshot import open_snapshot
+
+    # an uncommitted or damaged snapshot fails before any work (sizes here; training checks the CRCs)
+    open_snapshot(args.features, flag="--features", writer="python -m pipelines features", deep=False)
     out = Path(args.output)
     if (out / "model.pt").exists() and not args.overwrite:
         raise ConfigError("--output", f"{out} already holds a model", "pass --overwrite or another folder")

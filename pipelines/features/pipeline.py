@@ -24,9 +24,8 @@ from pipelines.features.parse import MAX_TIME_MS
 from pipelines.features.sources import ReadEvents
 from pipelines.features.transforms import BuildHistories
 from pipelines.features.validate import check_columns
-from pipelines.io.files import expand_inputs, match_files, splits_of
-from pipelines.io.shards import kind_glob
-from pipelines.io.snapshot import COUNTS, DEAD, DEAD_LETTERS, EVENTS, HISTORIES, TRAINING_EXAMPLES, run_stage
+from pipelines.io.files import expand_inputs, splits_of
+from pipelines.io.snapshot import COUNTS, DEAD, EVENTS, HISTORIES, open_snapshot, run_stage
 from pipelines.io.summary import Balance, sum_counts
 from pipelines.io.transforms import WriteDeadLetters, WriteSummary
 from schemas.layouts import HISTORY
@@ -34,7 +33,7 @@ from schemas.layouts import HISTORY
 log = logging.getLogger(__name__)
 
 MAX_HISTORY_LIMIT = 1 << 20
-OUTPUT_SUBDIRS = (HISTORIES, TRAINING_EXAMPLES, DEAD_LETTERS)
+WRITER = "python -m pipelines features"
 #: Records in = valid + duplicates (within the run and against --previous) + dead letters.
 RECORDS = Balance("record", "records_in", ("events_valid", "duplicates", "duplicates_previous", "dead_letters"))
 #: Counts every summary holds, zero when nothing was read (an empty input still gives all of them).
@@ -77,9 +76,10 @@ class FeaturesConfig:
 
 
 def previous_files(previous: str | None) -> list[str]:
+    """The committed history files of the ``--previous`` snapshot (refused unless committed and intact)."""
     if not previous:
         return []
-    files = match_files(kind_glob(previous, HISTORIES))
+    files = open_snapshot(previous, flag="--previous", writer=WRITER).files(HISTORIES)
     if not files:
         raise ConfigError(
             "--previous",
@@ -96,12 +96,15 @@ def build_features(
     previous: Sequence[str],
     source: beam.PTransform | None = None,
     max_time_ms: int = MAX_TIME_MS,
+    root: str | None = None,
 ) -> None:
-    """Add the features steps to ``p``.
+    """Add the features steps to ``p``, writing under ``root`` (default ``config.output``; run_stage
+    passes its staging folder).
 
     ``source`` replaces the file source: any PTransform with ReadEvents' tagged
     outputs (e.g. ``pipelines.features.sources.ReadEventsFromKafka``); ``splits`` is then unused.
     """
+    root = root or config.output
     if source is None:
         source = ReadEvents(
             splits, num_shards=config.num_shards, max_time_ms=max_time_ms, skip_bad_files=config.skip_bad_files
@@ -109,14 +112,14 @@ def build_features(
     read = p | "ReadEvents" >> source
     read_counts = read[COUNTS] | "SumReadCounts" >> beam.CombineGlobally(sum_counts)
     built = read[EVENTS] | "BuildHistories" >> BuildHistories(
-        config.output,
+        root,
         beam.pvalue.AsSingleton(read_counts),
         previous=previous,
         num_shards=config.num_shards,
         max_history=config.max_history,
         windows=config.windows,
     )
-    _ = read[DEAD] | "WriteDeadLetters" >> WriteDeadLetters(config.output)
+    _ = read[DEAD] | "WriteDeadLetters" >> WriteDeadLetters(root)
     extra: dict[str, Any] = {
         "inputs": list(config.inputs),
         "previous": config.previous,
@@ -126,7 +129,7 @@ def build_features(
         "max_event_time_ms": max_time_ms,
         **ZERO_COUNTS,
     }
-    _ = (read_counts, built) | "AllCounts" >> beam.Flatten() | "WriteSummary" >> WriteSummary(config.output, extra)
+    _ = (read_counts, built) | "AllCounts" >> beam.Flatten() | "WriteSummary" >> WriteSummary(root, extra)
 
 
 def run_features(
@@ -147,8 +150,7 @@ def run_features(
     log.info("features: %d file(s), %d split(s), %d previous file(s)", len(paths), len(splits), len(previous))
     return run_stage(
         config.output,
-        lambda p: build_features(p, config, splits, previous, source, max_time_ms),
-        kinds=OUTPUT_SUBDIRS,
+        lambda p, root: build_features(p, config, splits, previous, source, max_time_ms, root),
         holds="a features snapshot",
         overwrite=config.overwrite,
         balance=RECORDS,

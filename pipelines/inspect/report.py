@@ -12,6 +12,9 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from pipelines.errors import InputNotFoundError
+from pipelines.io.commit import COMMITTED
+from pipelines.io.snapshot import open_snapshot
+from pipelines.io.summary import SUMMARY
 from schemas.enums import EVENT_TYPES, SURFACES
 from schemas.layouts import layout_of
 
@@ -30,20 +33,46 @@ class Dataset:
 
 
 def find_datasets(path: str) -> list[Dataset]:
-    """Every Parquet dataset at ``path``: a file, a folder of parts, or a features output folder."""
+    """Every Parquet dataset at ``path``: a file, a committed snapshot (or one kind's folder of it),
+    a streaming job's output, or a folder of parts that is not a snapshot.
+
+    A snapshot (a folder with ``summary.json``, ``_COMMITTED`` or a kind's sub-folder) is read
+    through :func:`~pipelines.io.snapshot.open_snapshot`: refused when uncommitted or damaged,
+    and only its committed files are read.
+    """
     root = Path(path)
-    if not root.exists():
-        raise InputNotFoundError(f"{path!r} does not exist")
     if root.is_file():
         return [_load(root.name, [str(root)])]
-    subdirs = [root / k for k in KINDS if (root / k).is_dir()]
-    groups = [(d.name, sorted(map(str, d.rglob("*.parquet")))) for d in subdirs] or [
-        (root.name, sorted(map(str, root.rglob("*.parquet"))))
-    ]
+    groups = _groups(root, path)
     found = [_load(name, files) for name, files in groups if files]
     if not found:
         raise InputNotFoundError(f"{path!r} holds no Parquet files")
     return found
+
+
+def is_streaming_output(root: Path) -> bool:
+    """A streaming job's output: flush files instead of a committed snapshot (see pipelines.streaming.state)."""
+    return not (root / COMMITTED).exists() and any(root.glob("histories/shard=*/f*-*.parquet"))
+
+
+def _groups(root: Path, path: str) -> list[tuple[str, list[str]]]:
+    parent = root.parent
+    if (parent / COMMITTED).is_file() and not (root / COMMITTED).exists():  # one kind of a snapshot
+        snapshot = open_snapshot(str(parent), flag="PATH", writer="the command that wrote it")
+        return [(root.name, snapshot.files(root.name))]
+    looks_like_snapshot = (root / SUMMARY).exists() or any((root / k).is_dir() for k in KINDS)
+    if not root.exists() or (looks_like_snapshot and not is_streaming_output(root)):
+        snapshot = open_snapshot(path, flag="PATH", writer="the command that wrote it")
+        return [(k, snapshot.files(k)) for k in KINDS if snapshot.files(k)] or [
+            (
+                root.name,
+                [f for f in map(snapshot.path, (e.path for e in snapshot.manifest.files)) if f.endswith(".parquet")],
+            )
+        ]
+    subdirs = [root / k for k in KINDS if (root / k).is_dir()]
+    return [(d.name, sorted(map(str, d.rglob("*.parquet")))) for d in subdirs] or [
+        (root.name, sorted(map(str, root.rglob("*.parquet"))))
+    ]
 
 
 def _load(name: str, files: list[str]) -> Dataset:

@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import apache_beam as beam
@@ -19,10 +20,9 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.errors import ConfigError
-from pipelines.io.files import expand_inputs, join, match_files, splits_of
-from pipelines.io.shards import kind_glob
-from pipelines.io.snapshot import COUNTS, DEAD, DEAD_LETTERS, HISTORIES, REPRESENTATIONS, run_stage
-from pipelines.io.summary import SUMMARY, Balance, read_summary
+from pipelines.io.files import expand_inputs, splits_of
+from pipelines.io.snapshot import COUNTS, DEAD, HISTORIES, open_snapshot, run_stage
+from pipelines.io.summary import Balance
 from pipelines.io.transforms import WriteDeadLetters, WriteSummary
 from pipelines.model.gem import GemModel
 from pipelines.precompute.handler import Batching, GemModelHandler
@@ -65,25 +65,25 @@ class PrecomputeConfig:
             raise ConfigError("--batch-size", f"got {self.batch_size}", "pass a positive number of requests")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError("--device", f"got {self.device!r}", "pass auto, cpu or cuda")
+        if self.store and self.store.startswith("lmdb://") and "://" not in self.output:
+            store = Path(self.store.removeprefix("lmdb://").split("?", 1)[0]).resolve()
+            output = Path(self.output).resolve()
+            if store == output or output in store.parents:
+                raise ConfigError(
+                    "--store",
+                    f"{self.store!r} lies inside --output {self.output!r}",
+                    "put the store beside the output folder (a committed output is replaced whole on publish)",
+                )
 
 
 @dataclass(frozen=True)
 class _Resolved:
+    features_root: str
     num_shards: int
     watermark_ms: int | None
     history_files: list[str]
     model_version: str
     max_len: int
-
-
-def _features_summary(features: str) -> dict[str, Any]:
-    if not FileSystems.exists(join(features, SUMMARY)):
-        raise ConfigError(
-            "--features",
-            f"{features!r} has no {SUMMARY}",
-            "point it at the --output folder of `python -m pipelines features`",
-        )
-    return read_summary(features)
 
 
 def _watermark(history_files: Sequence[str]) -> int | None:
@@ -108,20 +108,33 @@ def load_model_flag(path: str, flag: str = "--model") -> GemModel:
 
 
 def _resolve(config: PrecomputeConfig) -> _Resolved:
-    summary = _features_summary(config.features)
-    files = match_files(kind_glob(config.features, HISTORIES))
+    snapshot = open_snapshot(config.features, flag="--features", writer="python -m pipelines features")
+    summary: dict[str, Any] = snapshot.summary()
+    if "num_shards" not in summary:
+        raise ConfigError(
+            "--features", f"{config.features!r} is not a features snapshot", "pass the --output of `pipelines features`"
+        )
+    files = snapshot.files(HISTORIES)
     model = load_model_flag(config.model)
-    return _Resolved(int(summary["num_shards"]), _watermark(files), files, model.model_version, model.config.max_len)
+    return _Resolved(
+        snapshot.root, int(summary["num_shards"]), _watermark(files), files, model.model_version, model.config.max_len
+    )
 
 
 def build_precompute(
-    p: beam.Pipeline, config: PrecomputeConfig, resolved: _Resolved, splits: Sequence, computed_at_ms: int
+    p: beam.Pipeline,
+    config: PrecomputeConfig,
+    resolved: _Resolved,
+    splits: Sequence,
+    computed_at_ms: int,
+    root: str | None = None,
 ) -> None:
-    """Add the precompute steps to ``p``."""
+    """Add the precompute steps to ``p``, writing under ``root`` (default ``config.output``)."""
+    root = root or config.output
     read = p | "ReadCandidates" >> ReadCandidates(splits, num_shards=resolved.num_shards)
     catalog = p | "AdCatalog" >> AdCatalog(resolved.history_files)
     requests = read["candidates"] | "PrepareRequests" >> PrepareRequests(
-        config.features,
+        resolved.features_root,
         beam.pvalue.AsSingleton(catalog),
         num_shards=resolved.num_shards,
         max_len=resolved.max_len,
@@ -136,14 +149,14 @@ def build_precompute(
     )
     reps, failed = requests | "Infer" >> RunGemInference(handler)
     written = reps | "WriteRepresentations" >> WriteRepresentations(
-        config.output,
+        root,
         store_uri=config.store,
         model_version=resolved.model_version,
         watermark_ms=resolved.watermark_ms,
         computed_at_ms=computed_at_ms,
     )
     dead = (read[DEAD], failed) | "AllDead" >> beam.Flatten()
-    _ = dead | "WriteDeadLetters" >> WriteDeadLetters(config.output)
+    _ = dead | "WriteDeadLetters" >> WriteDeadLetters(root)
     failed_counts = failed | "FailedCounts" >> beam.Map(lambda t: {"inference_failures": t.num_rows})
     extra = {
         "features": config.features,
@@ -158,7 +171,7 @@ def build_precompute(
     _ = (
         (read[COUNTS], written, failed_counts)
         | "AllCounts" >> beam.Flatten()
-        | "WriteSummary" >> WriteSummary(config.output, extra)
+        | "WriteSummary" >> WriteSummary(root, extra)
     )
 
 
@@ -174,8 +187,7 @@ def run_precompute(
     computed_at_ms = int(clock() * 1000)
     return run_stage(
         config.output,
-        lambda p: build_precompute(p, config, resolved, splits, computed_at_ms),
-        kinds=(REPRESENTATIONS, DEAD_LETTERS),
+        lambda p, root: build_precompute(p, config, resolved, splits, computed_at_ms, root),
         holds="representations",
         overwrite=config.overwrite,
         balance=PAIRS,

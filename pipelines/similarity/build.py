@@ -23,6 +23,7 @@ from typing import Any, Literal
 import numpy as np
 
 from pipelines.errors import ConfigError
+from pipelines.io.commit import COMMITTED, commit_folder
 from pipelines.similarity import faiss_ops as ops
 from pipelines.similarity.artifact import (
     INDEX_NAME,
@@ -233,12 +234,18 @@ def build_index(
 
 
 def write_built(built: BuiltIndex, output: str | Path) -> Path:
-    """Write the index files, the id map, the vectors and (last) the manifest into ``output``."""
+    """Write the index files, the id map, the vectors, the manifest and (last) the commit into ``output``.
+
+    In place: a crash leaves no ``_COMMITTED`` and readers refuse the folder; the ``index``
+    command writes into a staging folder and publishes it (:mod:`pipelines.io.commit`).
+    """
     folder = Path(output)
     folder.mkdir(parents=True, exist_ok=True)
+    (folder / COMMITTED).unlink(missing_ok=True)
     for part, name in zip(built.parts, built.manifest.files, strict=True):
         faiss.write_index(part, str(folder / name))
     write_id_map(folder, built.user_ids)
     write_vectors(folder, built.vectors)
     write_manifest(folder, built.manifest)
+    commit_folder(str(folder), holds="an index")
     return folder

@@ -362,7 +362,7 @@ def evaluate_fallback(config: EvalConfig, *, model: GemModel | None = None) -> d
     out = Path(config.output)
     out.mkdir(parents=True, exist_ok=True)
     model = model or load_model(config.model, device=config.device)
-    histories, examples = load_features(config.features)
+    histories, examples = load_features(config.features, "--features")
     index = HistoryIndex(histories)
     world = _prepare(config, model, index, examples)
     nq, nreps = _neighbor_pairs(world, model, index, config.k)

@@ -17,8 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import apache_beam as beam
@@ -29,9 +28,10 @@ import pyarrow.parquet as pq
 from apache_beam.options.pipeline_options import PipelineOptions
 
 import pipelines.io.arrow_coder  # noqa: F401  (registers the pa.Table coder)
-from pipelines.errors import ConfigError
+from pipelines.errors import ConfigError, LayoutError
+from pipelines.io.commit import staged_output
 from pipelines.similarity import faiss_ops as ops
-from pipelines.similarity.artifact import MANIFEST_NAME, read_manifest
+from pipelines.similarity.artifact import read_manifest
 from pipelines.similarity.build import (
     BuildPlan,
     BuildSpec,
@@ -89,8 +89,13 @@ def scan(representations: str) -> Scan:
     versions: set[str] = set()
     dims: set[int] = set()
     for path in files:
-        dims.add(embedding_dim(pq.read_schema(path), path))
-        table = pq.read_table(path, columns=["user_id", "ad_id", "model_version"])
+        try:
+            dims.add(embedding_dim(pq.read_schema(path), path))
+            table = pq.read_table(path, columns=["user_id", "ad_id", "model_version"])
+        except (pa.ArrowException, OSError) as exc:
+            raise LayoutError(
+                f"{path}: not a readable Parquet file ({exc}). Fix: rerun `python -m pipelines precompute`"
+            ) from exc
         users = table.filter(pc.is_null(table.column("ad_id")))
         ids.append(np.asarray(users.column("user_id").to_numpy(), dtype=np.int64))
         versions.update(pc.unique(users.column("model_version")).to_pylist())
@@ -269,16 +274,10 @@ def build_pipeline(
 def run_index(
     config: IndexConfig, options: PipelineOptions | None = None, runner: object | None = None
 ) -> dict[str, Any]:
-    """Validate, run the pipeline, and return the manifest it wrote (as a dict)."""
-    out = Path(config.output)
-    if (out / MANIFEST_NAME).exists() and not config.overwrite:
-        raise ConfigError("--output", f"{config.output!r} already holds an index", "pass --overwrite or another folder")
+    """Validate, run the pipeline into a staging folder, commit and publish it (see
+    :mod:`pipelines.io.commit`), and return the manifest it wrote (as a dict)."""
     found = scan(config.representations)
     build = plan(config.spec, len(found.user_ids), found.dim)
-    out.mkdir(parents=True, exist_ok=True)
-    for old in [*out.glob("*.faiss"), out / MANIFEST_NAME]:
-        old.unlink(missing_ok=True)
-    started = time.perf_counter()
     log.info(
         "indexing %d users x %d dims from %d files: %s, %d shard(s), training on %d",
         len(found.user_ids),
@@ -288,6 +287,10 @@ def run_index(
         len(build.bounds),
         len(build.sample_positions),
     )
-    with beam.Pipeline(runner=runner, options=options or PipelineOptions([])) as p:  # type: ignore[arg-type]
-        build_pipeline(p, config, found, build, started)
-    return asdict(read_manifest(out))
+    with staged_output(config.output, overwrite=config.overwrite, holds="an index") as staging:
+        started = time.perf_counter()
+        staged = replace(config, output=staging.root)
+        with beam.Pipeline(runner=runner, options=options or PipelineOptions([])) as p:  # type: ignore[arg-type]
+            build_pipeline(p, staged, found, build, started)
+        manifest = asdict(read_manifest(staging.root))
+    return manifest

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from pipelines.errors import ConfigError
+from pipelines.io.snapshot import open_snapshot
 from pipelines.similarity import faiss_ops as ops
 from pipelines.similarity.artifact import IndexManifest, read_id_map, read_manifest, read_vectors
 from pipelines.similarity.build import BuiltIndex
@@ -63,7 +64,10 @@ class UserIndex:
 
     @classmethod
     def load(cls, folder: str | Path, *, gpu: ops.GpuMode = "auto") -> UserIndex:
-        """Load an index folder; on a GPU when ``gpu="auto"`` finds one and the index type supports it."""
+        """Load a committed index folder (refused when uncommitted or its files differ from the commit:
+        sizes are checked, not checksums, so a lookup stays fast); on a GPU when ``gpu="auto"`` finds
+        one and the index type supports it."""
+        open_snapshot(str(folder), flag="--index", writer="python -m pipelines index", deep=False)
         manifest = read_manifest(folder)
         parts = [faiss.read_index(str(Path(folder) / name)) for name in manifest.files]
         if manifest.layout == "sharded":

@@ -19,6 +19,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipelines.errors import ConfigError, InputNotFoundError, LayoutError
+from pipelines.io.commit import COMMITTED
+from pipelines.io.snapshot import REPRESENTATIONS, open_snapshot
 from schemas.layouts import REPRESENTATION, layout_of
 
 __all__ = [
@@ -83,14 +85,17 @@ class UserVectors:
 
 
 def representation_files(root: str | Path) -> list[str]:
-    """Parquet files of a precompute output (``DIR``, ``DIR/representations`` or one file), sorted."""
+    """Parquet files of a committed precompute output (``DIR``, ``DIR/representations`` or one file), sorted.
+
+    A folder must be a committed snapshot whose files match their commit
+    (:func:`pipelines.io.snapshot.open_snapshot`); only the files the commit lists are read.
+    """
     path = Path(root)
     if path.is_file():
         return [str(path)]
-    if not path.is_dir():
-        raise InputNotFoundError(f"{FLAG} {str(root)!r}: no such file or folder")
-    base = path / "representations" if (path / "representations").is_dir() else path
-    files = sorted(str(p) for p in base.rglob("*.parquet"))
+    folder = path.parent if path.name == REPRESENTATIONS and not (path / COMMITTED).exists() else path
+    snapshot = open_snapshot(str(folder), flag=FLAG, writer="python -m pipelines precompute")
+    files = snapshot.files(REPRESENTATIONS)
     if not files:
         raise InputNotFoundError(
             f"{FLAG} {str(root)!r} holds no Parquet files; pass the --output folder of `python -m pipelines precompute`"

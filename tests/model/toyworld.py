@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.durations import DAY_MS
+from pipelines.io.commit import commit_folder
 from schemas.enums import CLICK, EVENT_TYPE_CODE, EVENT_TYPES, IMPRESSION, SURFACES
 from schemas.layouts import HISTORY, TRAINING_EXAMPLE
 
@@ -129,7 +130,7 @@ def history_row(user_id: int, events: list[dict], evicted: int = 0) -> dict:
 
 def write_features_dir(directory: str | Path, histories: pa.Table, examples: pa.Table, shards: int = 2) -> Path:
     """Lay the tables out like the features pipeline does: ``histories/shard=N/``,
-    ``training_examples/shard=N/`` (by user id modulo ``shards``)."""
+    ``training_examples/shard=N/`` (by user id modulo ``shards``), committed."""
     root = Path(directory)
     for name, table in (("histories", histories), ("training_examples", examples)):
         users = np.asarray(table.column("user_id").to_numpy())
@@ -139,4 +140,5 @@ def write_features_dir(directory: str | Path, histories: pa.Table, examples: pa.
             folder.mkdir(parents=True, exist_ok=True)
             pq.write_table(part, folder / "part-0.parquet")
     (root / "summary.json").write_text('{"source": "toyworld"}\n')
+    commit_folder(str(root), holds="a toy features snapshot")
     return root

@@ -48,7 +48,7 @@ def _reps(out: Path) -> pa.Table:
 @pytest.fixture(scope="module")
 def run_all_users(world: World, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("reps")
-    return out, _run(world, out, "--all-users", "--store", f"lmdb://{out}/store")
+    return out, _run(world, out, "--all-users", "--store", f"lmdb://{out}-store")
 
 
 def test_every_pair_and_user_gets_a_representation(world: World, run_all_users) -> None:
@@ -87,7 +87,7 @@ def test_store_holds_what_parquet_holds(run_all_users) -> None:
 
     out, _ = run_all_users
     reps = _reps(out).slice(0, 50)
-    with open_store(f"lmdb://{out}/store") as store:
+    with open_store(f"lmdb://{out}-store") as store:
         keys = [
             (u, a) for u, a in zip(reps.column("user_id").to_pylist(), reps.column("ad_id").to_pylist(), strict=True)
         ]

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from pipelines.io.commit import commit_folder
 from pipelines.io.parquet import write_table
 from pipelines.similarity.vectors import UserVectors
 from schemas.layouts import REPRESENTATION, representation_schema
@@ -65,9 +66,11 @@ def rep_table(
 
 
 def write_representations(folder: Path, tables: Sequence[pa.Table]) -> Path:
-    """``folder/representations/shard=NNNNN/part-00000.parquet``, one file per table (as precompute writes)."""
+    """``folder/representations/shard=NNNNN/part-00000.parquet``, one file per table, committed (as
+    precompute writes)."""
     for shard, table in enumerate(tables):
         write_table(
             table, str(folder / "representations" / f"shard={shard:05d}" / "part-00000.parquet"), REPRESENTATION
         )
+    commit_folder(str(folder), holds="representations")
     return folder

@@ -1,7 +1,8 @@
 """Reading a features output folder and splitting its training examples in time.
 
-``DIR/histories/shard=NNNNN/*.parquet`` and ``DIR/training_examples/shard=NNNNN/*.parquet``
-are read as Arrow datasets (the ``shard`` folder names are not turned into a column).
+The folder must be a committed snapshot (:func:`pipelines.io.snapshot.open_snapshot`); the
+``histories`` and ``training_examples`` files its commit lists are read as Arrow datasets
+(the ``shard`` folder names are not turned into a column).
 """
 
 from __future__ import annotations
@@ -16,17 +17,13 @@ import pyarrow.dataset as ds
 
 from pipelines.durations import DAY_MS
 from pipelines.errors import ConfigError, InputNotFoundError, LayoutError
+from pipelines.io.snapshot import HISTORIES, TRAINING_EXAMPLES, open_snapshot
 from schemas.layouts import HISTORY, TRAINING_EXAMPLE, Layout, layout_of
 
 _EXAMPLE_COLUMNS = list(TRAINING_EXAMPLE.schema.names)
 
 
-def _read(folder: Path, layout: Layout, columns: list[str] | None = None) -> pa.Table:
-    if not folder.is_dir():
-        raise InputNotFoundError(
-            f"{folder}: not found; pass --features a features output folder (python -m pipelines features --output DIR)"
-        )
-    files = sorted(str(p) for p in folder.rglob("*.parquet"))
+def _read(folder: str, files: list[str], layout: Layout, columns: list[str] | None = None) -> pa.Table:
     if not files:
         raise InputNotFoundError(f"{folder}: holds no Parquet files")
     dataset = ds.dataset(files, format="parquet")
@@ -36,13 +33,16 @@ def _read(folder: Path, layout: Layout, columns: list[str] | None = None) -> pa.
     return dataset.to_table(columns=columns)
 
 
-def load_features(data_dir: str | Path) -> tuple[pa.Table, pa.Table]:
-    """``(histories, training_examples)`` of a features output folder."""
+def load_features(data_dir: str | Path, flag: str = "--data") -> tuple[pa.Table, pa.Table]:
+    """``(histories, training_examples)`` of a committed features snapshot (``flag`` names it in errors)."""
     root = Path(data_dir)
-    if not root.is_dir():
-        raise ConfigError("--features", f"{root} is not a folder", "pass the --output folder of `pipelines features`")
-    histories = _read(root / "histories", HISTORY)
-    examples = _read(root / "training_examples", TRAINING_EXAMPLE, _EXAMPLE_COLUMNS)
+    if root.exists() and not root.is_dir():
+        raise ConfigError(flag, f"{root} is not a folder", "pass the --output folder of `pipelines features`")
+    snapshot = open_snapshot(str(root), flag=flag, writer="python -m pipelines features")
+    histories = _read(f"{root}/{HISTORIES}", snapshot.files(HISTORIES), HISTORY)
+    examples = _read(
+        f"{root}/{TRAINING_EXAMPLES}", snapshot.files(TRAINING_EXAMPLES), TRAINING_EXAMPLE, _EXAMPLE_COLUMNS
+    )
     return histories, examples
 
 
