@@ -241,7 +241,7 @@ def writer_lock(output: str, flag: str = "--output") -> Iterator[None]:
         handle.seek(0)
         handle.truncate()
         started = datetime.now(UTC).isoformat(timespec="seconds")
-        handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {started} ({' '.join(sys.argv[:3])})\n")
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {started} ({_command() or sys.argv[0]})\n")
         handle.flush()
         try:
             yield

@@ -152,3 +152,12 @@ def test_readers_refuse_a_truncated_or_changed_file(tmp_path: Path) -> None:
     with pytest.raises(SnapshotError, match="is missing"):
         _open(out)
     assert read_commit(str(out)) is not None and (out / COMMITTED).is_file()
+
+
+def test_the_streaming_job_refuses_a_committed_batch_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pipelines.cli import main
+
+    out = tmp_path / "out"
+    _commit(out, 1)
+    assert main(["stream", "--topic", "t", "--group", "g", "--output", str(out)]) == 2
+    assert "holds a committed batch snapshot" in capsys.readouterr().err
