@@ -353,19 +353,19 @@ def staged_output(
             root = join(output, f"run-{run_id}")
             FileSystems.mkdirs(root)
         staging = Staging(output, root, run_id, mode, holds)
-        started = time.perf_counter()
         try:
             yield staging
         except BaseException:
             _discard(root)
             raise
+        started = time.perf_counter()
         if mode == "rename":
             commit_folder(root, holds=holds, run_id=run_id)
             _publish(Path(root), Path(_local(output).rstrip("/")), run_id)
         else:
             commit_folder(output, holds=holds, run_id=run_id, root=f"run-{run_id}")
             _drop_other_runs(output, keep=f"run-{run_id}")
-        log.info("committed %s (%s) in %.2f s", output, holds, time.perf_counter() - started)
+        log.info("committed %s (%s): commit and publish took %.3f s", output, holds, time.perf_counter() - started)
 
 
 def _discard(root: str) -> None:

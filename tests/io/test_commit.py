@@ -161,3 +161,20 @@ def test_the_streaming_job_refuses_a_committed_batch_folder(tmp_path: Path, caps
     _commit(out, 1)
     assert main(["stream", "--topic", "t", "--group", "g", "--output", str(out)]) == 2
     assert "holds a committed batch snapshot" in capsys.readouterr().err
+
+
+def test_inspect_reads_only_committed_files_and_still_takes_a_streaming_folder(tmp_path: Path) -> None:
+    from pipelines.inspect.report import find_datasets
+
+    out = tmp_path / "out"
+    _commit(out, 2)
+    pq.write_table(pa.table({"user_id": [9, 9, 9]}), out / "histories" / "shard=00000" / "stray.parquet")
+    assert [d.table.num_rows for d in find_datasets(str(out))] == [4]  # the stray file is not in the commit
+    assert find_datasets(str(out / "histories"))[0].table.num_rows == 4
+    stream = tmp_path / "stream" / "histories" / "shard=00000"
+    stream.mkdir(parents=True)
+    pq.write_table(pa.table({"user_id": [1]}), stream / "flush-00000000000000000001-abcd1234.parquet")
+    assert find_datasets(str(tmp_path / "stream"))[0].table.num_rows == 1
+    _write(str(tmp_path / "plain"), 1)
+    with pytest.raises(SnapshotError, match="not a committed snapshot"):
+        find_datasets(str(tmp_path / "plain"))
