@@ -19,11 +19,12 @@ import pytest
 from pipelines.cli import main
 from pipelines.errors import SnapshotError
 from pipelines.features.pipeline import RECORDS
+from pipelines.io.commit import COMMITTED, writer_lock
 from pipelines.io.snapshot import HISTORIES, REPRESENTATIONS, open_snapshot
 from pipelines.precompute.pipeline import PAIRS
 from tests.fixtures.kafka import BOOTSTRAP
 from tests.recovery.conftest import World
-from tests.recovery.crash import ROOT, cli, kill_mid_run, record, short, staging_of
+from tests.recovery.crash import ROOT, Killed, cli, kill_mid_run, record, short, staging_of
 
 pytestmark = pytest.mark.integration
 
@@ -62,6 +63,16 @@ def _check_features(folder: Path, histories: int, num_shards: int, *, leftovers:
     return summary
 
 
+def _committed(out: Path) -> bool:
+    return (out / COMMITTED).is_file()
+
+
+def _when(killed: Killed, out: Path, *, before: bool | None = None) -> str:
+    """Where the kill landed: the process may be alive past its commit, so the folder decides."""
+    before = not _committed(out) if before is None else before
+    return f"{killed.outcome} at +{killed.delay_s:.2f}s, {'before' if before else 'after'} the commit"
+
+
 def _features_args(world: World, out: Path, *extra: str) -> list[str]:
     return ["features", "--input", str(world.events), "--output", str(out), *extra]
 
@@ -72,8 +83,8 @@ def test_features_killed_then_rerun(
 ) -> None:
     out = tmp_path / "features"
     killed = kill_mid_run(_features_args(world, out, "--num-shards", "8"), out, seed=seed, span_s=3.0)
-    outcome = f"{killed.outcome} at +{killed.delay_s:.2f}s"
-    if killed.outcome == "killed":
+    outcome = _when(killed, out)
+    if not _committed(out):
         assert not out.exists()
         outcome += f"; readers refuse: {short(_features_readers_refuse(world, out, tmp_path, capsys))}"
     else:
@@ -91,13 +102,12 @@ def test_features_overwrite_killed_keeps_the_old_snapshot(world: World, tmp_path
     args = _features_args(world, out, "--num-shards", "4", "--overwrite")
     killed = kill_mid_run(args, out, seed=seed, span_s=3.0)
     now = open_snapshot(str(out), flag="--output", writer="test", deep=True)  # readable either way
-    if killed.outcome == "killed":
-        assert now.manifest == old.manifest
+    if now.manifest == old.manifest:
         _check_features(out, world.histories, 2, leftovers=True)
-        outcome = f"killed at +{killed.delay_s:.2f}s; old snapshot intact (same commit, 2 shards, CRC-checked)"
+        outcome = f"{_when(killed, out, before=True)}; old snapshot intact (same commit, 2 shards, CRC-checked)"
     else:
-        _check_features(out, world.histories, 4)
-        outcome = f"finished at +{killed.delay_s:.2f}s; new snapshot committed whole"
+        _check_features(out, world.histories, 4, leftovers=True)
+        outcome = f"{_when(killed, out, before=False)}; new snapshot committed whole (4 shards)"
     assert main(args) == 0
     _check_features(out, world.histories, 4)
     record(f"features --overwrite seed={seed}", outcome + "; rerun recovers, no stale shard")
@@ -117,11 +127,11 @@ def test_replay_killed_then_rerun(world: World, topic: str, tmp_path: Path, caps
     out = tmp_path / "replay"
     args = ["replay", "--topic", topic, "--output", str(out), "--num-shards", "4", "--bootstrap-servers", BOOTSTRAP]
     killed = kill_mid_run(args, out, seed=5, span_s=4.0)
-    outcome = f"{killed.outcome} at +{killed.delay_s:.2f}s"
-    if killed.outcome == "killed":
+    outcome = _when(killed, out)
+    if not _committed(out):
         outcome += f"; readers refuse: {short(_features_readers_refuse(world, out, tmp_path, capsys))}"
     else:
-        _check_features(out, world.histories, 4)
+        _check_features(out, world.histories, 4, leftovers=True)
     assert main([*args, "--overwrite"]) == 0
     summary = _check_features(out, world.histories, 4)
     record("replay (Kafka) seed=5", outcome + f"; rerun recovers: {summary['records_in']} messages, balanced")
@@ -178,8 +188,8 @@ def test_precompute_killed_then_rerun(
     seed = 6 if backend == "lmdb" else 7
     try:
         killed = kill_mid_run(_precompute_args(world, out, store), out, seed=seed, span_s=4.0)
-        outcome = f"{killed.outcome} at +{killed.delay_s:.2f}s"
-        if killed.outcome == "killed":
+        outcome = _when(killed, out)
+        if not _committed(out):
             message = _refused(["index", "--representations", str(out), "--output", str(tmp_path / "i")], capsys)
             outcome += f"; index refuses: {short(message)}"
         assert main([*_precompute_args(world, out, store), "--overwrite"]) == 0
@@ -199,8 +209,8 @@ def test_index_killed_fresh_and_over_an_old_one(
     out = tmp_path / "index"
     args = ["index", "--representations", str(world.representations), "--output", str(out), "--factory", "Flat"]
     killed = kill_mid_run(args, out, seed=8, span_s=3.0)
-    outcome = f"{killed.outcome} at +{killed.delay_s:.2f}s"
-    if killed.outcome == "killed":
+    outcome = _when(killed, out)
+    if not _committed(out):
         with pytest.raises(SnapshotError, match="no committed snapshot yet") as refused:
             UserIndex.load(out)  # what lookup --index calls (the lookup CLI's own import is broken on main)
         outcome += f"; lookup's index load refuses: {short(str(refused.value))}"
@@ -210,33 +220,37 @@ def test_index_killed_fresh_and_over_an_old_one(
 
     killed = kill_mid_run([*args, "--overwrite"], out, seed=9, span_s=3.0)
     now = UserIndex.load(out).manifest  # readable either way
-    if killed.outcome == "killed":
-        assert now == old
-        outcome = f"killed at +{killed.delay_s:.2f}s; old index intact, lookup serves it"
+    if now == old:
+        outcome = f"{_when(killed, out, before=True)}; old index intact, lookup's index load serves it"
     else:
-        outcome = f"finished at +{killed.delay_s:.2f}s; new index committed whole"
+        outcome = f"{_when(killed, out, before=False)}; new index committed whole"
     assert now.count == old.count
     record("index --overwrite seed=9", outcome)
 
 
 def test_a_second_writer_stops_at_once(world: World, tmp_path: Path) -> None:
     out = tmp_path / "features"
-    first = subprocess.Popen(
-        [sys.executable, "-m", "pipelines", *_features_args(world, out)],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    while not staging_of(out):
-        assert first.poll() is None, first.communicate()[1]
-    second = cli(*_features_args(world, out))
-    _, first_err = first.communicate(timeout=600)
-    assert first.returncode == 0, first_err
-    assert second.returncode == 2 and "is being written right now by pid" in second.stderr, second.stderr
+    with writer_lock(str(out)):  # a writer holds the output (deterministic): the CLI stops before any work
+        held = cli(*_features_args(world, out))
+    assert held.returncode == 2 and "is being written right now by pid" in held.stderr, held.stderr
+    assert not out.exists() and not staging_of(out)
+    jobs = [  # two real writers started together: one commits, the other is refused whole
+        subprocess.Popen(
+            [sys.executable, "-m", "pipelines", *_features_args(world, out)],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    ends = [(job.wait(timeout=600), job.communicate()[1]) for job in jobs]
+    assert sorted(code for code, _ in ends) == [0, 2], ends
+    refused = next(err for code, err in ends if code == 2).strip().splitlines()[-1]
+    assert "is being written right now by pid" in refused or "already holds" in refused, refused
     summary = _check_features(out, world.histories, 16)
-    message = second.stderr.strip().splitlines()[-1]
-    record("two features writers", f"second exits 2: {short(message)}; first commits {summary['histories']} histories")
+    record("second writer (lock held)", f"exits 2 at once: {short(held.stderr.strip().splitlines()[-1])}")
+    record("two features writers at once", f"one commits {summary['histories']} histories; other: {short(refused)}")
 
 
 def test_readers_refuse_a_truncated_part_file(world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
