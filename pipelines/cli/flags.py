@@ -27,12 +27,12 @@ __all__ = [
     "add_duration",
     "add_features_input",
     "add_max_future",
-    "add_skip_bad_files",
     "add_model_input",
     "add_output",
     "add_progress",
     "add_runner",
     "add_seed",
+    "add_skip_bad_files",
     "duration",
 ]
 
