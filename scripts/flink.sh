@@ -1,0 +1,330 @@
+#!/usr/bin/env bash
+# The project's Flink: a local Flink 1.19.0 session cluster and Beam's Flink job server.
+#
+#   scripts/flink.sh up         assemble the Flink home (first run only), start a JobManager
+#                               and a TaskManager, wait until the REST API shows the slots
+#   scripts/flink.sh down       stop what `up` started (Flink's stop scripts, then by pid)
+#   scripts/flink.sh status     exit 0 when the cluster answers with its slots, 3 when it is down
+#   scripts/flink.sh jobserver  build Beam's Flink job server jar once (Maven, deploy/flink/pom.xml)
+#                               and print its path on stdout
+#   scripts/flink.sh serve      also start a standing job server on 127.0.0.1:$FLINK_JOB_PORT
+#                               (default 8099) for --runner PortableRunner --job_endpoint;
+#                               it saves the JVM start and warm-up that FlinkRunner pays per run
+#
+# The Flink home comes from two PyPI files, downloaded (pip download --no-deps), never
+# installed: the apache-flink-libraries sdist (lib/, opt/, plugins/, bin/bash-java-utils.jar)
+# and the apache-flink wheel (bin/*.sh, conf/). Everything lives under $FLINK_STATE
+# (default .cache/flink, git-ignored): downloads/, flink-<v>/ (the home; conf/config.yaml
+# rendered from deploy/flink/config.yaml.in), run/ (pid files), log/, tmp/, checkpoints/.
+# `up` is idempotent (a running cluster is left alone; a lost TaskManager is restarted) and
+# safe to run concurrently (flock). REST and web UI on http://127.0.0.1:$FLINK_REST_PORT
+# (default 8081); Beam submits with --flink_master 127.0.0.1:8081.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+DEPLOY="$ROOT/deploy/flink"
+VERSION="${FLINK_VERSION:-1.19.0}"
+MINOR="${VERSION%.*}"
+STATE="${FLINK_STATE:-$ROOT/.cache/flink}"
+FLINK_HOME="$STATE/flink-$VERSION"
+PORT="${FLINK_REST_PORT:-8081}"
+RPC_PORT="${FLINK_RPC_PORT:-6123}"
+SLOTS="${FLINK_SLOTS:-2}"
+JM_MEMORY="${FLINK_JM_MEMORY:-1024m}"
+TM_MEMORY="${FLINK_TM_MEMORY:-2560m}"
+WAIT_S="${FLINK_WAIT_S:-120}"
+BEAM_RUNNER_VERSION="${BEAM_FLINK_RUNNER_VERSION:-2.62.0}"
+JOB_PORT="${FLINK_JOB_PORT:-8099}"
+JARS="$ROOT/.cache/jars"
+JOBSERVER_JAR="$JARS/beam-runners-flink-$MINOR-job-server-$BEAM_RUNNER_VERSION.jar"
+DOWNLOADS="$STATE/downloads"
+URL="http://127.0.0.1:$PORT"
+
+# Flink's own scripts read these: pid files and logs under $STATE, names not tied to $USER.
+export FLINK_IDENT_STRING=gem FLINK_PID_DIR="$STATE/run" FLINK_LOG_DIR="$STATE/log"
+JM_PIDFILE="$FLINK_PID_DIR/flink-gem-standalonesession.pid"
+TM_PIDFILE="$FLINK_PID_DIR/flink-gem-taskexecutor.pid"
+JS_PIDFILE="$FLINK_PID_DIR/jobserver.pid"
+JS_LOG="$FLINK_LOG_DIR/jobserver.log"
+
+log() { echo "flink: $*" >&2; }
+
+# shellcheck source=scripts/service-lib.sh
+source "$ROOT/scripts/service-lib.sh"
+
+python_for_pip() {
+    if [[ -x "$ROOT/.venv/bin/python" ]]; then echo "$ROOT/.venv/bin/python"; else echo python3; fi
+}
+
+# live_pids PIDFILE PATTERN: the pids in Flink's pid file (one a line) still alive and ours.
+live_pids() {
+    [[ -f "$1" ]] || return 0
+    local p
+    while read -r p; do
+        [[ -n "$p" ]] && pid_alive "$p" "$2" && echo "$p"
+    done <"$1"
+    return 0
+}
+js_pid() { pid_from "$JS_PIDFILE" "flink-.*-job-server"; }
+jm_pids() { live_pids "$JM_PIDFILE" StandaloneSessionClusterEntrypoint; }
+tm_pids() { live_pids "$TM_PIDFILE" TaskManagerRunner; }
+
+# overview: the REST API's /overview JSON, or fail.
+overview() { curl -fsS -m 3 "$URL/overview" 2>/dev/null; }
+json_int() { sed -n "s/.*\"$1\":\([0-9]*\).*/\1/p" <<<"$2"; }
+
+# answers: the cluster has at least one TaskManager and all $SLOTS slots registered.
+answers() {
+    local o
+    o="$(overview)" || return 1
+    (($(json_int taskmanagers "$o") >= 1 && $(json_int slots-total "$o") >= SLOTS))
+}
+
+download() {
+    local sdist="$DOWNLOADS/apache-flink-libraries-$VERSION.tar.gz"
+    if [[ -f "$sdist" ]] && compgen -G "$DOWNLOADS/apache_flink-$VERSION-*.whl" >/dev/null; then
+        return 0
+    fi
+    local py
+    py="$(python_for_pip)"
+    log "downloading apache-flink-libraries $VERSION (230 MB sdist) and apache-flink $VERSION (wheel) from PyPI ..."
+    mkdir -p "$DOWNLOADS"
+    # Only downloads: pip prepares the sdist's metadata (build isolation) but installs nothing.
+    "$py" -m pip download -q --no-deps --dest "$DOWNLOADS" "apache-flink-libraries==$VERSION" >&2
+    "$py" -m pip download -q --no-deps --only-binary=:all: --dest "$DOWNLOADS" "apache-flink==$VERSION" >&2
+}
+
+# assemble: lay out one Flink home from the two files (once).
+assemble() {
+    [[ -f "$FLINK_HOME/.assembled" ]] && return 0
+    download
+    local tmp="$STATE/flink-$VERSION.tmp" sdist="$DOWNLOADS/apache-flink-libraries-$VERSION.tar.gz" wheel
+    wheel="$(compgen -G "$DOWNLOADS/apache_flink-$VERSION-*.whl" | head -n 1)"
+    log "assembling $FLINK_HOME from $(basename "$sdist") and $(basename "$wheel")"
+    rm -rf "$tmp"
+    mkdir -p "$tmp"
+    local top="apache-flink-libraries-$VERSION/deps"
+    tar -xzf "$sdist" -C "$tmp" --strip-components=2 "$top/lib" "$top/opt" "$top/plugins" "$top/bin"
+    "$(python_for_pip)" - "$wheel" "$tmp" <<'EOF'
+import sys, zipfile
+wheel, home = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(wheel) as z:
+    for name in z.namelist():
+        for part in ("bin", "conf"):
+            prefix = f"pyflink/{part}/"
+            if name.startswith(prefix) and not name.endswith("/"):
+                target = f"{home}/{part}/{name[len(prefix):]}"
+                import os
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                with z.open(name) as src, open(target, "wb") as dst:
+                    dst.write(src.read())
+EOF
+    chmod +x "$tmp"/bin/*.sh "$tmp/bin/flink"
+    [[ -f "$tmp/lib/flink-dist-$VERSION.jar" && -x "$tmp/bin/jobmanager.sh" && -f "$tmp/bin/bash-java-utils.jar" ]] || {
+        log "the downloaded files do not hold a Flink home (no flink-dist jar or bin/jobmanager.sh)"
+        exit 1
+    }
+    mv "$tmp/conf/config.yaml" "$tmp/conf/config.yaml.dist"
+    touch "$tmp/.assembled"
+    rm -rf "$FLINK_HOME"
+    mv "$tmp" "$FLINK_HOME"
+}
+
+render_config() {
+    mkdir -p "$STATE/run" "$STATE/log" "$STATE/tmp/web" "$STATE/checkpoints" "$STATE/savepoints"
+    sed -e "s|@STATE@|$STATE|g" -e "s|@PORT@|$PORT|g" -e "s|@RPC_PORT@|$RPC_PORT|g" \
+        -e "s|@SLOTS@|$SLOTS|g" -e "s|@JM_MEMORY@|$JM_MEMORY|g" -e "s|@TM_MEMORY@|$TM_MEMORY|g" \
+        "$DEPLOY/config.yaml.in" >"$FLINK_HOME/conf/config.yaml"
+    echo "127.0.0.1:$PORT" >"$FLINK_HOME/conf/masters"
+    echo "127.0.0.1" >"$FLINK_HOME/conf/workers"
+}
+
+# daemon jobmanager|taskmanager start|stop-all: Flink's own script, in a session of its own
+# (setsid: the daemons outlive make/CI), without our lock on fd 9.
+daemon() {
+    setsid -w "$FLINK_HOME/bin/$1.sh" "$2" 9>&- </dev/null 2>&1 | sed 's/^/flink: /' >&2
+}
+
+up() {
+    local jm tm
+    jm="$(jm_pids | head -n 1)"
+    tm="$(tm_pids | head -n 1)"
+    if [[ -n "$jm" && -n "$tm" ]] && answers; then
+        log "already up (jobmanager pid $jm, taskmanager pid $tm) on $URL"
+        return 0
+    fi
+    if [[ -z "$jm" ]] && port_open "$PORT"; then
+        log "127.0.0.1:$PORT is taken by a process this script did not start;" \
+            "stop it or choose another port with FLINK_REST_PORT=..."
+        exit 1
+    fi
+    command -v java >/dev/null || { log "Java 11+ is needed to run Flink"; exit 1; }
+    assemble
+    render_config
+    if [[ -z "$jm" ]]; then
+        [[ -n "$(jm_pids)" ]] || rm -f "$JM_PIDFILE"
+        log "starting the JobManager (REST on $URL, logs in $STATE/log)"
+        daemon jobmanager start
+    fi
+    if [[ -z "$tm" ]]; then
+        rm -f "$TM_PIDFILE"
+        log "starting a TaskManager ($SLOTS slots, $TM_MEMORY)"
+        daemon taskmanager start
+    fi
+    local waited=0
+    until answers; do
+        if [[ -z "$(jm_pids)" || -z "$(tm_pids)" ]]; then
+            log "a Flink process exited during start; last lines of its log:"
+            tail -n 30 "$(ls -t "$STATE"/log/*.log | head -n 1)" >&2 || true
+            exit 1
+        fi
+        if ((waited >= WAIT_S * 2)); then
+            log "no TaskManager with $SLOTS slots on $URL/overview within ${WAIT_S}s; see $STATE/log"
+            exit 1
+        fi
+        sleep 0.5
+        waited=$((waited + 1))
+    done
+    log "up (jobmanager pid $(jm_pids | head -n 1), taskmanager pid $(tm_pids | head -n 1)) on $URL, $SLOTS slots"
+}
+
+# serve: a standing Beam job server for the running cluster (started after `up`).
+serve() {
+    local pid
+    answers || { log "the cluster is down; run: make flink-up"; exit 1; }
+    if pid="$(js_pid)"; then
+        log "job server already up (pid $pid) on 127.0.0.1:$JOB_PORT"
+    else
+        if port_open "$JOB_PORT"; then
+            log "127.0.0.1:$JOB_PORT is taken by a process this script did not start;" \
+                "stop it or choose another port with FLINK_JOB_PORT=..."
+            exit 1
+        fi
+        [[ -f "$JOBSERVER_JAR" ]] || { log "no job server jar; run: make flink-jobserver"; exit 1; }
+        mkdir -p "$STATE/artifacts"
+        log "starting the job server on 127.0.0.1:$JOB_PORT for $URL (log: $JS_LOG)"
+        setsid nohup bash -c 'echo $$ >"$1"; shift; exec "$@"' _ "$JS_PIDFILE" \
+            java -Xmx1g -jar "$JOBSERVER_JAR" --flink-master "127.0.0.1:$PORT" \
+            --job-host 127.0.0.1 --job-port "$JOB_PORT" --artifact-port $((JOB_PORT - 1)) \
+            --expansion-port $((JOB_PORT - 2)) --artifacts-dir "$STATE/artifacts" \
+            >"$JS_LOG" 2>&1 </dev/null 9>&- &
+        for _ in $(seq 50); do [[ -s "$JS_PIDFILE" ]] && break; sleep 0.1; done
+        pid="$(cat "$JS_PIDFILE")"
+    fi
+    local waited=0
+    until port_open "$JOB_PORT"; do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            log "job server exited during start; last lines of $JS_LOG:"
+            tail -n 30 "$JS_LOG" >&2
+            rm -f "$JS_PIDFILE"
+            exit 1
+        fi
+        ((waited < WAIT_S * 2)) || { log "job server did not answer within ${WAIT_S}s; see $JS_LOG"; exit 1; }
+        sleep 0.5
+        waited=$((waited + 1))
+    done
+    log "job server up (pid $pid): --runner PortableRunner --job_endpoint 127.0.0.1:$JOB_PORT --environment_type LOOPBACK"
+}
+
+down() {
+    local pids js
+    if js="$(js_pid)"; then
+        log "stopping the job server (pid $js)"
+        kill -TERM "$js" 2>/dev/null || true
+        for _ in $(seq 40); do kill -0 "$js" 2>/dev/null || break; sleep 0.5; done
+        kill -KILL "$js" 2>/dev/null || true
+        rm -f "$JS_PIDFILE"
+    fi
+    pids="$(jm_pids) $(tm_pids)"
+    if [[ -z "${pids// /}" ]]; then
+        rm -f "$JM_PIDFILE" "$TM_PIDFILE"
+        log "not running"
+        return 0
+    fi
+    log "stopping pids" $pids
+    if [[ -x "$FLINK_HOME/bin/taskmanager.sh" ]]; then
+        daemon taskmanager stop-all || true
+        daemon jobmanager stop-all || true
+    fi
+    local p
+    for p in $pids; do
+        kill -TERM "$p" 2>/dev/null || true
+    done
+    for p in $pids; do
+        for _ in $(seq 60); do
+            kill -0 "$p" 2>/dev/null || break
+            sleep 0.5
+        done
+        if kill -0 "$p" 2>/dev/null; then
+            log "pid $p still alive after 30 s; sending SIGKILL"
+            kill -KILL "$p" 2>/dev/null || true
+        fi
+    done
+    rm -f "$JM_PIDFILE" "$TM_PIDFILE"
+    log "down"
+}
+
+status() {
+    local o
+    if o="$(overview)" && answers; then
+        echo "flink: up (jobmanager pid $(jm_pids | head -n 1 || true)) on $URL:" \
+            "$(json_int taskmanagers "$o") taskmanager(s), $(json_int slots-available "$o")/$(json_int slots-total "$o") slots free," \
+            "$(json_int jobs-running "$o") job(s) running; home $FLINK_HOME"
+        [[ -f "$JOBSERVER_JAR" ]] || echo "flink: no job server jar yet (build it with: make flink-jobserver)"
+        if js="$(js_pid)" && port_open "$JOB_PORT"; then
+            echo "flink: standing job server up (pid $js) on 127.0.0.1:$JOB_PORT"
+        fi
+        return 0
+    fi
+    echo "flink: down (start it with: make flink-up)"
+    return 3
+}
+
+# jobserver: Beam's Flink job server, shaded by Maven from deploy/flink/pom.xml (once).
+jobserver() {
+    if [[ ! -f "$JOBSERVER_JAR" ]]; then
+        command -v mvn >/dev/null || { log "Maven (mvn) is needed to build the job server"; exit 1; }
+        local build="$JARS/build/flink-$MINOR-$BEAM_RUNNER_VERSION"
+        log "building $(basename "$JOBSERVER_JAR") with Maven (deploy/flink/pom.xml; ~1 min, ~160 MB) ..."
+        rm -rf "$build"
+        mkdir -p "$JARS"
+        mvn -q -B -Dstyle.color=never -f "$DEPLOY/pom.xml" package -Dbuild.dir="$build" \
+            -Dbeam.version="$BEAM_RUNNER_VERSION" -Dflink.minor="$MINOR" >&2
+        mv "$build/$(basename "$JOBSERVER_JAR")" "$JOBSERVER_JAR.tmp"
+        mv "$JOBSERVER_JAR.tmp" "$JOBSERVER_JAR"
+        rm -rf "$build"
+        log "built $JOBSERVER_JAR ($(du -m "$JOBSERVER_JAR" | cut -f1) MB)"
+    fi
+    echo "$JOBSERVER_JAR"
+}
+
+mkdir -p "$STATE"
+lock() {
+    exec 9>"$STATE/.lock"
+    flock -w 300 9 || { log "another scripts/flink.sh has held $STATE/.lock for 300 s"; exit 1; }
+}
+
+case "${1:-}" in
+    up)
+        lock
+        up
+        ;;
+    down)
+        lock
+        down
+        ;;
+    status) status ;;
+    serve)
+        lock
+        serve
+        ;;
+    jobserver)
+        exec 8>"$STATE/.jobserver.lock"
+        flock -w 600 8 || { log "another build of the job server has run for 600 s"; exit 1; }
+        jobserver
+        ;;
+    *)
+        echo "usage: $0 up|down|status|jobserver|serve" >&2
+        exit 2
+        ;;
+esac
