@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 .PHONY: prism help setup lock demo test test-unit bench lint services-up services-down kafka-up kafka-down redis-up redis-down clean
 
 help: ## list the targets
-	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -F':.*?## ' '{printf "  make %-15s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -F':.*?## ' '{printf "  make %-15s %s\n", $$1, $$2}'
 
 setup: $(STAMP) ## create .venv and install the project (a second run takes seconds)
 
@@ -31,7 +31,7 @@ lock: ## re-resolve pyproject.toml's version ranges into constraints.txt (then m
 demo: setup ## generate ~1M events, build histories, inspect them (embedded defaults)
 	DEMO_DIR=$(DEMO_DIR) bash scripts/demo.sh
 
-test: setup prism services-up ## start the real services and run every test
+test: setup prism services-up flink-jobserver spark-jobserver flink-up ## start the real services (Kafka, Redis, Flink) and run every test
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: setup ## only the fast tests (no real services)
@@ -70,6 +70,7 @@ VERSIONS := deploy/versions.env
 BEAM_VERSION := $(shell sed -n 's/^apache-beam==//p' $(LOCK))
 BEAM_FLINK_RUNNER_VERSION := $(shell sed -n 's/^BEAM_FLINK_RUNNER_VERSION=//p' $(VERSIONS))
 FLINK_MINOR := $(shell sed -n 's/^FLINK_MINOR=//p' $(VERSIONS))
+BEAM_SPARK_RUNNER_VERSION := $(shell sed -n 's/^BEAM_SPARK_RUNNER_VERSION=//p' $(VERSIONS))
 ifeq ($(BEAM_VERSION),)
 $(error no apache-beam==VERSION line in $(LOCK))
 endif
@@ -86,3 +87,6 @@ $(PRISM_BUILT):
 
 clean: ## remove outputs (keeps .venv)
 	rm -rf out .pytest_cache .mypy_cache .ruff_cache
+
+# Flink cluster and the Flink/Spark job servers (after the version variables it reads).
+include deploy/flink/targets.mk

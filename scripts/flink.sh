@@ -23,8 +23,11 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 DEPLOY="$ROOT/deploy/flink"
-VERSION="${FLINK_VERSION:-1.19.0}"
-MINOR="${VERSION%.*}"
+# The runner's versions: deploy/versions.env (the one place; the environment may override).
+versions_env() { sed -n "s/^$1=//p" "$ROOT/deploy/versions.env"; }
+MINOR="${FLINK_MINOR:-$(versions_env FLINK_MINOR)}"
+# The cluster: the Flink release the runner for $MINOR was built against.
+VERSION="${FLINK_VERSION:-$MINOR.0}"
 STATE="${FLINK_STATE:-$ROOT/.cache/flink}"
 FLINK_HOME="$STATE/flink-$VERSION"
 PORT="${FLINK_REST_PORT:-8081}"
@@ -33,7 +36,7 @@ SLOTS="${FLINK_SLOTS:-2}"
 JM_MEMORY="${FLINK_JM_MEMORY:-1024m}"
 TM_MEMORY="${FLINK_TM_MEMORY:-2560m}"
 WAIT_S="${FLINK_WAIT_S:-120}"
-BEAM_RUNNER_VERSION="${BEAM_FLINK_RUNNER_VERSION:-2.62.0}"
+BEAM_RUNNER_VERSION="${BEAM_FLINK_RUNNER_VERSION:-$(versions_env BEAM_FLINK_RUNNER_VERSION)}"
 JOB_PORT="${FLINK_JOB_PORT:-8099}"
 JARS="$ROOT/.cache/jars"
 JOBSERVER_JAR="$JARS/beam-runners-flink-$MINOR-job-server-$BEAM_RUNNER_VERSION.jar"

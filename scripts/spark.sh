@@ -19,7 +19,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 DEPLOY="$ROOT/deploy/spark"
 STATE="${SPARK_STATE:-$ROOT/.cache/spark}"
-BEAM_RUNNER_VERSION="${BEAM_SPARK_RUNNER_VERSION:-2.62.0}"
+# The runner's version: deploy/versions.env (the one place; the environment may override).
+BEAM_RUNNER_VERSION="${BEAM_SPARK_RUNNER_VERSION:-$(sed -n 's/^BEAM_SPARK_RUNNER_VERSION=//p' "$ROOT/deploy/versions.env")}"
 JARS="$ROOT/.cache/jars"
 JOBSERVER_JAR="$JARS/beam-runners-spark-3-job-server-$BEAM_RUNNER_VERSION.jar"
 JOB_PORT="${SPARK_JOB_PORT:-8199}"

@@ -4,8 +4,13 @@
 #   make flink-jobserver   .cache/jars/beam-runners-flink-1.19-job-server-2.62.0.jar
 #   make spark-jobserver   .cache/jars/beam-runners-spark-3-job-server-2.62.0.jar
 
-FLINK_JOBSERVER_JAR := .cache/jars/beam-runners-flink-1.19-job-server-2.62.0.jar
-SPARK_JOBSERVER_JAR := .cache/jars/beam-runners-spark-3-job-server-2.62.0.jar
+# The runner versions come from deploy/versions.env (read by the Makefile before this include);
+# scripts/flink.sh and scripts/spark.sh read the same file, and pass them to Maven as -D.
+FLINK_JOBSERVER_JAR := .cache/jars/beam-runners-flink-$(FLINK_MINOR)-job-server-$(BEAM_FLINK_RUNNER_VERSION).jar
+SPARK_JOBSERVER_JAR := .cache/jars/beam-runners-spark-3-job-server-$(BEAM_SPARK_RUNNER_VERSION).jar
+ifeq ($(BEAM_FLINK_RUNNER_VERSION)$(FLINK_MINOR),)
+$(error deploy/flink/targets.mk needs BEAM_FLINK_RUNNER_VERSION and FLINK_MINOR from deploy/versions.env)
+endif
 
 .PHONY: flink-up flink-down flink-status flink-jobserver spark-jobserver
 
@@ -20,12 +25,12 @@ flink-status: ## show whether the local Flink cluster answers, and its free slot
 
 flink-jobserver: $(FLINK_JOBSERVER_JAR) ## build Beam's Flink job server jar with Maven (deploy/flink/pom.xml; once)
 
-$(FLINK_JOBSERVER_JAR): deploy/flink/pom.xml
-	@rm -f $@
+# Order-only on the pom: the jar's name carries its versions, so a new version builds a new jar,
+# and editing the pom never deletes a jar that a running job may be using.
+$(FLINK_JOBSERVER_JAR): | deploy/flink/pom.xml
 	bash scripts/flink.sh jobserver >/dev/null
 
 spark-jobserver: $(SPARK_JOBSERVER_JAR) ## build Beam's Spark 3 job server jar with Maven (deploy/spark/pom.xml; once)
 
-$(SPARK_JOBSERVER_JAR): deploy/spark/pom.xml
-	@rm -f $@
+$(SPARK_JOBSERVER_JAR): | deploy/spark/pom.xml
 	bash scripts/spark.sh jobserver >/dev/null
