@@ -3,9 +3,10 @@
 ``--runner DirectRunner`` (the default) runs Beam's in-process FnApiRunner
 directly. Beam's own DirectRunner first tries to download the Prism binary from
 the internet on every run; this project never downloads at run time, so the
-local default bypasses that. Other runners (FlinkRunner, PrismRunner,
+local default bypasses that. Other runners (FlinkRunner, SparkRunner, PrismRunner,
 DataflowRunner, PortableRunner) are passed to Beam as named, with any extra
-``--flag value`` arguments forwarded as Beam pipeline options.
+``--flag value`` arguments forwarded as Beam pipeline options; FlinkRunner and
+SparkRunner get the job server jars built by make (see :mod:`pipelines.jobservers`).
 """
 
 from __future__ import annotations
@@ -19,17 +20,17 @@ from pathlib import Path
 
 from apache_beam.options.pipeline_options import (
     DirectOptions,
-    FlinkRunnerOptions,
     GoogleCloudOptions,
     PipelineOptions,
     PortableOptions,
     PrismRunnerOptions,
 )
 
+from pipelines import jobservers
 from pipelines.errors import ConfigError
 
 LOCAL_RUNNERS = ("DirectRunner", "local")
-REMOTE_RUNNERS = ("FlinkRunner", "PrismRunner", "DataflowRunner", "PortableRunner")
+REMOTE_RUNNERS = ("FlinkRunner", "SparkRunner", "PrismRunner", "DataflowRunner", "PortableRunner")
 
 
 def pipeline_options(args: argparse.Namespace, beam_args: Sequence[str] = ()) -> PipelineOptions:
@@ -45,10 +46,11 @@ def pipeline_options(args: argparse.Namespace, beam_args: Sequence[str] = ()) ->
         required = {"runner": args.runner}
         found = default_prism() if args.runner == "PrismRunner" else None
         defaults = {"prism_location": found} if found else {}
+        defaults |= jobservers.default_options(args.runner, _values(given))
     options = PipelineOptions(
         merge_flags(given, required=required, defaults=defaults), save_main_session=False, pickle_library="cloudpickle"
     )
-    check_known(options, beam_args)
+    check_known(options, beam_args, jobservers.runner_options(args.runner))
     workers = options.view_as(DirectOptions).direct_num_workers
     if workers is not None and workers < 1:
         raise ConfigError("--direct_num_workers", f"got {workers}", "pass a value >= 1")
@@ -99,9 +101,10 @@ def _values(flags: Sequence[str]) -> dict[str, str | None]:
     return found
 
 
-def check_known(options: PipelineOptions, beam_args: Sequence[str]) -> None:
-    """Stop on a pass-through flag that is no Beam option (Beam would drop it with a warning)."""
-    known = set(options.get_all_options(drop_default=False))
+def check_known(options: PipelineOptions, beam_args: Sequence[str], runner_options: Sequence[str] = ()) -> None:
+    """Stop on a pass-through flag that is no Beam option (Beam would drop it with a warning);
+    ``runner_options``: those a JVM runner's job server adds (e.g. Flink's checkpointing_interval)."""
+    known = set(options.get_all_options(drop_default=False)) | set(runner_options)
     unknown = sorted(_names(beam_args) - known)
     if unknown:
         raise ConfigError(
@@ -142,17 +145,9 @@ def default_prism() -> str | None:
 def validate_runner(runner: str, options: PipelineOptions) -> None:
     """Fail at construction, naming the flag and the fix, before Beam would download or hang."""
     if runner == "FlinkRunner":
-        master = options.view_as(FlinkRunnerOptions).flink_master
-        if master in ("[local]", "[auto]", "", None):
-            _need_file(
-                options.view_as(FlinkRunnerOptions).flink_job_server_jar,
-                "--flink_job_server_jar",
-                "an embedded Flink needs Beam's Flink job server jar, which Beam would otherwise download",
-                "pass --flink_job_server_jar PATH/beam-runners-flink-<v>-job-server-<beam>.jar "
-                "or --flink_master HOST:8081 of a running cluster",
-            )
-        else:
-            _reachable(master, "--flink_master")
+        jobservers.validate_flink(options)
+    elif runner == "SparkRunner":
+        jobservers.validate_spark(options)
     elif runner == "PortableRunner":
         endpoint = options.view_as(PortableOptions).job_endpoint
         if not endpoint:

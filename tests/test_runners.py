@@ -26,7 +26,11 @@ def _free_port() -> int:
     [
         ("FlinkRunner", [], "--flink_job_server_jar"),
         ("FlinkRunner", ["--flink_master=[local]", "--flink_job_server_jar=/no/such.jar"], "--flink_job_server_jar"),
-        ("FlinkRunner", ["--flink_master=127.0.0.1:{port}"], "--flink_master"),
+        ("FlinkRunner", ["--flink_master=127.0.0.1:{port}", "--flink_job_server_jar={jar}"], "--flink_master"),
+        ("FlinkRunner", ["--flink_master=localhost:8081", "--flink_submit_uber_jar"], "--flink_submit_uber_jar"),
+        ("SparkRunner", [], "--spark_job_server_jar"),
+        ("SparkRunner", ["--spark_job_server_jar=/no/such.jar"], "--spark_job_server_jar"),
+        ("SparkRunner", ["--spark_master_url=yarn", "--spark_job_server_jar={jar}"], "--spark_master_url"),
         ("PortableRunner", [], "--job_endpoint"),
         ("PortableRunner", ["--job_endpoint=127.0.0.1:{port}"], "--job_endpoint"),
         ("PrismRunner", [], "--prism_location"),
@@ -37,10 +41,13 @@ def _free_port() -> int:
     ],
 )
 def test_misconfigured_runner_names_the_flag(runner: str, flags: list[str], flag: str, monkeypatch) -> None:
-    monkeypatch.setattr("pipelines.runners.default_prism", lambda: None)  # as on a machine without `make prism`
+    # as on a machine without `make prism`, `make flink-jobserver` and `make spark-jobserver`
+    monkeypatch.setattr("pipelines.runners.default_prism", lambda: None)
+    monkeypatch.setattr("pipelines.jobservers.default_flink_jar", lambda: None)
+    monkeypatch.setattr("pipelines.jobservers.default_spark_jar", lambda: None)
     port = _free_port()
     with pytest.raises(ConfigError) as err:
-        pipeline_options(_args(runner), [f.format(port=port) for f in flags])
+        pipeline_options(_args(runner), [f.format(port=port, jar=__file__) for f in flags])
     assert err.value.flag == flag
     assert "Fix:" in str(err.value)
 
@@ -62,5 +69,94 @@ def test_unknown_runner_is_rejected_by_the_cli(capsys) -> None:
     from pipelines.cli import main
 
     with pytest.raises(SystemExit):
-        main(["features", "--input", "x.jsonl", "--output", "o", "--runner", "SparkRunner"])
+        main(["features", "--input", "x.jsonl", "--output", "o", "--runner", "NoSuchRunner"])
     assert "--runner" in capsys.readouterr().err
+
+
+def test_jvm_runner_errors_name_the_make_target(monkeypatch, tmp_path) -> None:
+    jar = tmp_path / "job-server.jar"
+    jar.write_bytes(b"")
+    monkeypatch.setattr("pipelines.jobservers.default_flink_jar", lambda: None)
+    with pytest.raises(ConfigError, match="make flink-jobserver"):
+        pipeline_options(_args("FlinkRunner"), ["--flink_master=localhost:8081"])
+    with pytest.raises(ConfigError, match="make flink-up") as err:
+        pipeline_options(
+            _args("FlinkRunner"), [f"--flink_master=127.0.0.1:{_free_port()}", f"--flink_job_server_jar={jar}"]
+        )
+    assert err.value.flag == "--flink_master"
+    monkeypatch.setattr("pipelines.jobservers.default_spark_jar", lambda: None)
+    with pytest.raises(ConfigError, match="make spark-jobserver"):
+        pipeline_options(_args("SparkRunner"), ["--spark_master_url=local[2]"])
+    with pytest.raises(ConfigError, match="spark://") as err:
+        pipeline_options(
+            _args("SparkRunner"),
+            [f"--spark_master_url=spark://127.0.0.1:{_free_port()}", f"--spark_job_server_jar={jar}"],
+        )
+    assert err.value.flag == "--spark_master_url"
+
+
+def test_flink_and_spark_get_the_built_jar_and_loopback_on_this_host(monkeypatch, tmp_path) -> None:
+    from pipelines.jobservers import default_options
+
+    built = str(tmp_path / "built.jar")
+    monkeypatch.setattr("pipelines.jobservers.default_flink_jar", lambda: built)
+    monkeypatch.setattr("pipelines.jobservers.default_spark_jar", lambda: built)
+    loopback = {"environment_type": "LOOPBACK"}
+    assert default_options("FlinkRunner", {"flink_master": "localhost:8081"}) == {
+        "flink_job_server_jar": built,
+        **loopback,
+    }
+    assert default_options("FlinkRunner", {"flink_master": "[local]"})["environment_type"] == "LOOPBACK"
+    assert default_options("FlinkRunner", {}) == {"flink_job_server_jar": built, **loopback}  # Beam's [auto]
+    # a remote master keeps Beam's DOCKER default; a given environment is never replaced
+    assert default_options("FlinkRunner", {"flink_master": "flink.prod:8081"}) == {"flink_job_server_jar": built}
+    assert "environment_type" not in default_options(
+        "FlinkRunner", {"flink_master": "127.0.0.1:8081", "environment_type": "EXTERNAL"}
+    )
+    assert default_options("SparkRunner", {"spark_master_url": "local[2]"}) == {
+        "spark_job_server_jar": built,
+        **loopback,
+    }
+    assert default_options("SparkRunner", {"spark_master_url": "spark://10.0.0.5:7077"}) == {
+        "spark_job_server_jar": built
+    }
+    assert default_options("PrismRunner", {}) == {}
+
+
+def test_given_jar_and_environment_reach_beam_as_given(monkeypatch, tmp_path) -> None:
+    from apache_beam.options.pipeline_options import FlinkRunnerOptions, PortableOptions
+
+    jar = tmp_path / "mine.jar"
+    jar.write_bytes(b"")
+    monkeypatch.setattr("pipelines.jobservers.default_flink_jar", lambda: "/built.jar")
+    options = pipeline_options(
+        _args("FlinkRunner"), ["--flink_master=[local]", f"--flink_job_server_jar={jar}", "--environment_type=EXTERNAL"]
+    )
+    assert options.view_as(FlinkRunnerOptions).flink_job_server_jar == str(jar)
+    assert options.view_as(PortableOptions).environment_type == "EXTERNAL"
+
+
+def test_flink_options_pass_through(monkeypatch, tmp_path) -> None:
+    from apache_beam.options.pipeline_options import FlinkRunnerOptions, PortableOptions
+
+    jar = tmp_path / "job-server.jar"
+    jar.write_bytes(b"")
+    monkeypatch.setattr("pipelines.jobservers.default_flink_jar", lambda: str(jar))
+    options = pipeline_options(
+        _args("FlinkRunner"), ["--flink_master=[local]", "--parallelism=2", "--checkpointing_interval=5000"]
+    )
+    flink = options.view_as(FlinkRunnerOptions)
+    assert (flink.parallelism, flink.flink_job_server_jar) == (2, str(jar))
+    # Flink's options unknown to Python reach the job server, which describes them at submission.
+    assert options.get_all_options(retain_unknown_options=True)["checkpointing_interval"] == "5000"
+    assert options.view_as(PortableOptions).environment_type == "LOOPBACK"
+
+
+def test_the_default_jars_follow_deploy_versions_env() -> None:
+    from pipelines.jobservers import flink_jar_name, spark_jar_name, versions
+
+    pinned = versions()
+    assert flink_jar_name() == (
+        f"beam-runners-flink-{pinned['FLINK_MINOR']}-job-server-{pinned['BEAM_FLINK_RUNNER_VERSION']}.jar"
+    )
+    assert spark_jar_name() == f"beam-runners-spark-3-job-server-{pinned['BEAM_SPARK_RUNNER_VERSION']}.jar"

@@ -38,7 +38,7 @@ __all__ = [
 
 DEVICES = ("auto", "cpu", "cuda")
 LOCAL_RUNNERS = ("DirectRunner", "local")
-REMOTE_RUNNERS = ("FlinkRunner", "PrismRunner", "DataflowRunner", "PortableRunner")
+REMOTE_RUNNERS = ("FlinkRunner", "SparkRunner", "PrismRunner", "DataflowRunner", "PortableRunner")
 RUNNING_MODES = ("in_memory", "multi_threading", "multi_processing")
 
 
