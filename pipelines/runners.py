@@ -27,6 +27,7 @@ from apache_beam.options.pipeline_options import (
 )
 
 from pipelines import jobservers
+from pipelines.dataflow_job import validate_dry_run
 from pipelines.errors import ConfigError
 
 LOCAL_RUNNERS = ("DirectRunner", "local")
@@ -54,6 +55,7 @@ def pipeline_options(args: argparse.Namespace, beam_args: Sequence[str] = ()) ->
     workers = options.view_as(DirectOptions).direct_num_workers
     if workers is not None and workers < 1:
         raise ConfigError("--direct_num_workers", f"got {workers}", "pass a value >= 1")
+    validate_dry_run(options)
     validate_runner(args.runner, options)
     return options
 
@@ -176,6 +178,12 @@ def _validate_dataflow(gcp: GoogleCloudOptions) -> None:
         raise ConfigError(
             "--temp_location", f"{gcp.temp_location!r} is not a gs:// path", "pass --temp_location gs://BUCKET/tmp"
         )
+    try:
+        import apache_beam.runners.dataflow.internal.apiclient  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError(
+            "--runner", f"DataflowRunner needs apache-beam[gcp] ({exc})", "pip install 'gem-pipelines[dataflow]'"
+        ) from exc
 
 
 def runner_for(args: argparse.Namespace) -> object | None:

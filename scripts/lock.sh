@@ -4,9 +4,9 @@
 # 1. A fresh venv installs '.[dev]' with no constraints: the newest versions that the ranges in
 #    pyproject.toml allow. Its `pip freeze --all --exclude-editable` is the locked set that
 #    .venv and CI install.
-# 2. The extras that .venv does not install (gpu, dataflow) are resolved against that set
+# 2. The extra that .venv does not install (gpu) is resolved against that set
 #    (pip install --dry-run --report, nothing installed) and locked below it, so
-#    `pip install -c constraints.txt '.[gpu]'` or '.[dataflow]' is reproducible too.
+#    `pip install -c constraints.txt '.[gpu]'` is reproducible too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,7 +20,7 @@ $PIP install -q --upgrade pip
 $PIP install -q -e '.[dev]'
 $PIP check
 $PIP freeze --all --exclude-editable > "$WORK/dev.txt"
-$PIP install -q --dry-run --ignore-installed -c "$WORK/dev.txt" --report "$WORK/extras.json" '.[gpu,dataflow]'
+$PIP install -q --dry-run --ignore-installed -c "$WORK/dev.txt" --report "$WORK/extras.json" '.[gpu]'
 
 "$WORK/venv/bin/python" - "$WORK/dev.txt" "$WORK/extras.json" > "$OUT" <<'EOF'
 import json
@@ -50,8 +50,8 @@ print("""\
 # Section 1: a '.[dev]' install (pip freeze --all --exclude-editable).""")
 print("\n".join(dev))
 print("""
-# Section 2: what the extras outside dev add, resolved against section 1 (pip install
-# --dry-run '.[gpu,dataflow]'); pip uses a line only when an install needs that package.""")
+# Section 2: what the extra outside dev adds, resolved against section 1 (pip install
+# --dry-run '.[gpu]'); pip uses a line only when an install needs that package.""")
 print("\n".join(extras))
 EOF
 echo "wrote $OUT: $(grep -c '==' "$OUT") packages; now run: make setup"

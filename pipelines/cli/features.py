@@ -84,6 +84,11 @@ def run(args: argparse.Namespace) -> int:
         skip_bad_files=args.skip_bad_files,
     )
     summary = run_features(config, pipeline_options(args, args.beam_args), runner_for(args))
+    if summary.get("dry_run"):  # --runner DataflowRunner --dry_run=True: the job graph, nothing ran
+        from pipelines.dataflow_job import dry_run_report
+
+        print(dry_run_report(summary))
+        return 0
     print(json.dumps(summary, indent=2))
     print(
         f"features: {summary.get('records_in', 0)} records in, {summary.get('events_valid', 0)} valid, "

@@ -86,6 +86,11 @@ def run(args: argparse.Namespace) -> int:
     )
     config = IndexConfig(args.representations, args.output, spec, overwrite=args.overwrite)
     manifest = run_index(config, pipeline_options(args, args.beam_args), runner_for(args))
+    if manifest.get("dry_run"):  # --runner DataflowRunner --dry_run=True: the job graph, nothing ran
+        from pipelines.dataflow_job import dry_run_report
+
+        print(dry_run_report(manifest))
+        return 0
     print(json.dumps(manifest, indent=2, sort_keys=True))
     recall = manifest["tuned_recall_at_10"]
     print(

@@ -83,6 +83,11 @@ def run(args: argparse.Namespace) -> int:
         found = check_store(args.store)
         logging.getLogger(__name__).info("store %s ready: %s", redact(args.store), found)
     summary = run_precompute(config, pipeline_options(args, args.beam_args), runner_for(args))
+    if summary.get("dry_run"):  # --runner DataflowRunner --dry_run=True: the job graph, nothing ran
+        from pipelines.dataflow_job import dry_run_report
+
+        print(dry_run_report(summary))
+        return 0
     print(json.dumps(summary, indent=2))
     print(
         f"precompute: {summary.get('requests_in', 0)} requests, {summary.get('pairs_in', 0)} pairs in, "

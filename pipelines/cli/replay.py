@@ -152,6 +152,11 @@ def run(args: argparse.Namespace) -> int:
     )
     log.info("replay: %s, %d message(s) in %d partition(s)", args.topic, sum(r.size for r in ranges), len(ranges))
     summary = run_features(config, options, runner_for(args), source)
+    if summary.get("dry_run"):  # --runner DataflowRunner --dry_run=True: the job graph, nothing ran
+        from pipelines.dataflow_job import dry_run_report
+
+        print(dry_run_report(summary))
+        return 0
     summary["published"] = _publish(connection, output, args.to_topic, args.dead_letter_topic, len(ranges))
     print(json.dumps(summary, indent=2))
     print(

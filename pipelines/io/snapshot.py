@@ -23,6 +23,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from pipelines.dataflow_job import is_dry_run, write_dry_run
 from pipelines.errors import InputNotFoundError, OutputNotWritableError, SnapshotError
 from pipelines.io.commit import (
     COMMITTED,
@@ -88,7 +89,12 @@ def run_stage(
 ) -> dict:
     """Lock ``output``, run ``build(pipeline, root)`` writing into a staging ``root``, check the
     summary's ``balance``, then commit and publish (see :mod:`pipelines.io.commit`). Returns the
-    summary with ``seconds`` added. On any failure nothing is published."""
+    summary with ``seconds`` added. On any failure nothing is published. A Dataflow dry run
+    returns the job it built instead (see :mod:`pipelines.dataflow_job`)."""
+    if is_dry_run(options):  # a job graph, built offline: no outputs to stage or read back
+        with beam.Pipeline(runner=runner, options=options) as p:  # type: ignore[arg-type]
+            build(p, output)
+        return write_dry_run(p.result, options, output)
     with staged_output(output, overwrite=overwrite, holds=holds) as staging:
         check_writable(staging.root)
         started = time.perf_counter()

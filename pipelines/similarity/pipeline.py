@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 from apache_beam.options.pipeline_options import PipelineOptions
 
 import pipelines.io.arrow_coder  # noqa: F401  (registers the pa.Table coder)
+from pipelines.dataflow_job import is_dry_run, write_dry_run
 from pipelines.errors import ConfigError, LayoutError
 from pipelines.io.commit import staged_output
 from pipelines.similarity import faiss_ops as ops
@@ -287,6 +288,10 @@ def run_index(
         len(build.bounds),
         len(build.sample_positions),
     )
+    if options is not None and is_dry_run(options):  # a job graph, built offline: no index to stage
+        with beam.Pipeline(runner=runner, options=options) as p:  # type: ignore[arg-type]
+            build_pipeline(p, config, found, build, time.perf_counter())
+        return write_dry_run(p.result, options, config.output)
     with staged_output(config.output, overwrite=config.overwrite, holds="an index") as staging:
         started = time.perf_counter()
         staged = replace(config, output=staging.root)

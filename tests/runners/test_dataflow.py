@@ -1,0 +1,99 @@
+"""Dataflow without a cloud: ``--runner DataflowRunner --dry_run=True`` builds each batch pipeline's job
+graph offline (no network, no credentials) and the command writes it to ``OUTPUT/dataflow_job/``.
+
+Needs apache-beam[gcp] (the ``dataflow`` extra, part of ``dev``): the tests fail, naming the fix,
+without it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipelines.cli import main
+from tests.precompute.conftest import World
+from tests.similarity.data import T0_MS, clustered, rep_table, write_representations
+
+pytestmark = pytest.mark.integration
+IMAGE = "us-docker.pkg.dev/my-project/gem/gem-pipelines:0.1.0"
+GCP = ["--project", "my-project", "--region", "us-central1", "--temp_location", "gs://my-bucket/tmp"]
+DATAFLOW = ["--runner", "DataflowRunner", *GCP, "--dry_run=True", "--sdk_container_image", IMAGE]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def gcp_extra() -> None:
+    try:
+        import apache_beam.runners.dataflow.internal.apiclient  # noqa: F401
+    except ImportError as exc:
+        pytest.fail(f"apache-beam[gcp] is not installed ({exc}): run `make setup` (dev includes the dataflow extra)")
+
+
+def _job(out: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    assert "nothing was submitted" in capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir()) == ["dataflow_job"]  # no outputs, no summary.json
+    assert (out / "dataflow_job" / "pipeline.pb").stat().st_size > 1000
+    job = json.loads((out / "dataflow_job" / "job.json").read_text())
+    assert (job["type"], job["project"], job["region"]) == ("JOB_TYPE_BATCH", "my-project", "us-central1")
+    assert job["sdk_container_images"] == [IMAGE]
+    assert job["options"]["sdk_container_image"] == IMAGE
+    return job
+
+
+def _names(job: dict[str, Any]) -> set[str]:
+    return {t["name"] for t in job["transforms"]}
+
+
+def test_features_job_graph(world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "features"
+    secret = ["--sasl_password=hunter2", "--job_name=gem-features"]
+    assert main(["features", "--input", str(world.events), "--output", str(out), *DATAFLOW, *secret]) == 0
+    job = _job(out, capsys)
+    assert job["name"] == "gem-features"
+    assert {"ReadEvents", "BuildHistories", "WriteDeadLetters", "WriteSummary"} <= _names(job)
+    assert job["options"]["sasl_password"] == "<redacted>"
+    assert "hunter2" not in (out / "dataflow_job" / "job.json").read_text()
+
+
+def test_precompute_job_graph(world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "precompute"
+    base = ["precompute", "--features", str(world.features), "--candidates", str(world.candidates)]
+    assert main([*base, "--model", str(world.model), "--output", str(out), "--device", "cpu", *DATAFLOW]) == 0
+    names = _names(_job(out, capsys))
+    assert any("RunInference" in n for n in names), sorted(names)
+
+
+def test_index_job_graph(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    vectors = clustered(300, 8, seed=3)
+    reps = write_representations(
+        tmp_path / "reps", [rep_table(list(range(300)), [None] * 300, vectors, computed_at_ms=T0_MS)]
+    )
+    out = tmp_path / "index"
+    assert main(["index", "--representations", str(reps), "--output", str(out), "--shards", "2", *DATAFLOW]) == 0
+    assert {"TrainQuantizer", "AddShards", "FinishIndex"} <= _names(_job(out, capsys))
+    assert not list(out.glob("*.faiss"))
+
+
+@pytest.mark.parametrize(
+    ("flags", "flag"),
+    [
+        (["--runner", "DataflowRunner", *GCP, "--dry_run=False"], "--dry_run"),
+        (["--runner", "DirectRunner", "--dry_run=True"], "--dry_run"),
+    ],
+)
+def test_dry_run_misuse_names_the_flag(flags: list[str], flag: str, tmp_path: Path, capsys) -> None:
+    assert main(["features", "--input", "x.jsonl", "--output", str(tmp_path / "o"), *flags]) == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_redaction() -> None:
+    from pipelines.dataflow_job import redact
+
+    found = redact({"redis_url": "redis://:pw@h:6379/0", "api_token": "t", "x": ["a://u:p@h"], "password": None})
+    assert found == {
+        "redis_url": "redis://:<redacted>@h:6379/0",
+        "api_token": "<redacted>",
+        "x": ["a://u:<redacted>@h"],
+    } | {"password": None}
