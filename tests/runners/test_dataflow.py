@@ -1,8 +1,8 @@
 """Dataflow without a cloud: ``--runner DataflowRunner --dry_run=True`` builds each batch pipeline's job
 graph offline (no network, no credentials) and the command writes it to ``OUTPUT/dataflow_job/``.
 
-Needs apache-beam[gcp] (the ``dataflow`` extra, part of ``dev``): the tests fail, naming the fix,
-without it.
+The job-graph tests need apache-beam[gcp] (the ``dataflow`` extra, part of ``dev``): they fail,
+naming the fix, without it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ GCP = ["--project", "my-project", "--region", "us-central1", "--temp_location", 
 DATAFLOW = ["--runner", "DataflowRunner", *GCP, "--dry_run=True", "--sdk_container_image", IMAGE]
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(scope="module")
 def gcp_extra() -> None:
     try:
         import apache_beam.runners.dataflow.internal.apiclient  # noqa: F401
@@ -46,7 +46,7 @@ def _names(job: dict[str, Any]) -> set[str]:
     return {t["name"] for t in job["transforms"]}
 
 
-def test_features_job_graph(world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_features_job_graph(gcp_extra: None, world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "features"
     secret = ["--sasl_password=hunter2", "--job_name=gem-features"]
     assert main(["features", "--input", str(world.events), "--output", str(out), *DATAFLOW, *secret]) == 0
@@ -57,7 +57,9 @@ def test_features_job_graph(world: World, tmp_path: Path, capsys: pytest.Capture
     assert "hunter2" not in (out / "dataflow_job" / "job.json").read_text()
 
 
-def test_precompute_job_graph(world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_precompute_job_graph(
+    gcp_extra: None, world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "precompute"
     base = ["precompute", "--features", str(world.features), "--candidates", str(world.candidates)]
     assert main([*base, "--model", str(world.model), "--output", str(out), "--device", "cpu", *DATAFLOW]) == 0
@@ -65,7 +67,7 @@ def test_precompute_job_graph(world: World, tmp_path: Path, capsys: pytest.Captu
     assert any("RunInference" in n for n in names), sorted(names)
 
 
-def test_index_job_graph(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_index_job_graph(gcp_extra: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     vectors = clustered(300, 8, seed=3)
     reps = write_representations(
         tmp_path / "reps", [rep_table(list(range(300)), [None] * 300, vectors, computed_at_ms=T0_MS)]
