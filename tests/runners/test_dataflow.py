@@ -48,12 +48,12 @@ def _names(job: dict[str, Any]) -> set[str]:
 
 def test_features_job_graph(gcp_extra: None, world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "features"
-    secret = ["--sasl_password=hunter2", "--job_name=gem-features"]
+    secret = ["--s3_secret_access_key=hunter2", "--job_name=gem-features"]
     assert main(["features", "--input", str(world.events), "--output", str(out), *DATAFLOW, *secret]) == 0
     job = _job(out, capsys)
     assert job["name"] == "gem-features"
     assert {"ReadEvents", "BuildHistories", "WriteDeadLetters", "WriteSummary"} <= _names(job)
-    assert job["options"]["sasl_password"] == "<redacted>"
+    assert job["options"]["s3_secret_access_key"] == "<redacted>"
     assert "hunter2" not in (out / "dataflow_job" / "job.json").read_text()
 
 

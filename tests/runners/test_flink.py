@@ -100,7 +100,7 @@ def test_index_on_flink_equals_local(flink_job_endpoint: str, tmp_path: Path) ->
         rep_table(p.tolist(), [None] * len(p), vectors[p], computed_at_ms=T0_MS) for p in np.array_split(users, 3)
     ]
     reps = write_representations(tmp_path / "reps", tables)
-    base = ["index", "--representations", str(reps), "--factory", "IVF16,Flat", "--shards", "2", "--gpu", "off"]
+    base = ["index", "--representations", str(reps), "--factory", "IVF16,Flat", "--shards", "2", "--device", "cpu"]
     assert main([*base, "--output", str(tmp_path / "local")]) == 0
     assert main([*base, "--output", str(tmp_path / "flink"), *_portable(flink_job_endpoint)]) == 0
     assert np.array_equal(read_id_map(tmp_path / "flink"), read_id_map(tmp_path / "local"))
