@@ -245,6 +245,30 @@ ID_MAP = Layout(
     pa.schema([pa.field("position", pa.int64(), nullable=False), pa.field("user_id", pa.int64(), nullable=False)]),
 )
 
+# As-of representation features of the transfer stage (``transfer --output DIR``: ``asof/``): one row
+# per (as-of setting, example) with what serving would hand a downstream model at the impression.
+ASOF_FEATURES = Layout(
+    "asof_features",
+    1,
+    pa.schema(
+        [
+            pa.field("setting", pa.string(), nullable=False),
+            pa.field("split", pa.string(), nullable=False),
+            # Row of the example in its split's sample.
+            pa.field("position", pa.int64(), nullable=False),
+            pa.field("event_id", pa.string(), nullable=False),
+            # Fallback path of the pair slot (pipelines.similarity.policy.PATHS code).
+            pa.field("path", pa.int8(), nullable=False),
+            # Seconds from the snapshot's computed_at to the impression; null where none was read.
+            pa.field("user_age_s", pa.float64()),
+            pa.field("pair_age_s", pa.float64()),
+            # The user-level representation (zeros where none) and the resolved pair slot.
+            pa.field("user_embedding", pa.list_(pa.float32()), nullable=False),
+            pa.field("pair_embedding", pa.list_(pa.float32()), nullable=False),
+        ]
+    ),
+)
+
 LAYOUTS: dict[str, Layout] = {
     layout.name: layout
     for layout in (
@@ -258,6 +282,7 @@ LAYOUTS: dict[str, Layout] = {
         TRUTH_USERS,
         TRUTH_ITEMS,
         ID_MAP,
+        ASOF_FEATURES,
     )
 }
 

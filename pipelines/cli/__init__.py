@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("pipelines.cli.replay", "run the features pipeline over a Kafka topic range (Beam, batch)"),
     "stream": ("pipelines.cli.stream", "stream a Kafka topic into per-user histories (Beam on Prism, state)"),
     "solaris": ("pipelines.cli.solaris", "precompute pair representations from a candidate-set topic (long-running)"),
+    "transfer": ("pipelines.cli.transfer", "measure downstream rankers with representations vs distillation vs alone"),
 }
 
 
