@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipelines.model.embed import hash_ids
-from pipelines.model.inputs import ExampleSet
+from pipelines.model.inputs import ExampleSet, GemBatch
 
 __all__ = [
     "Distill",
@@ -25,6 +25,7 @@ __all__ = [
     "RankerConfig",
     "RankerInputs",
     "fit_ranker",
+    "inputs_from_batch",
     "predict_ranker",
     "ranker_inputs",
 ]
@@ -60,7 +61,12 @@ def _hash(values: torch.Tensor, field: str) -> torch.Tensor:
 
 def ranker_inputs(examples: ExampleSet, task: str, window: int = WINDOW) -> RankerInputs:
     """Cut every example's last ``window`` events (before the impression) and its row features."""
-    b = examples.batch(max_len=window)
+    return inputs_from_batch(examples.batch(max_len=window), examples.fields[task].astype(np.float32), window)
+
+
+def inputs_from_batch(b: GemBatch, labels: np.ndarray | None = None, window: int = WINDOW) -> RankerInputs:
+    """The ranker's inputs from a model batch cut with ``max_len=window`` (training examples, or the
+    rows of a live request from :func:`pipelines.model.inputs.build_candidate_batch`)."""
     n = b.num_rows
     lengths = b.lengths
     pos = torch.arange(window)[None, :]
@@ -79,8 +85,8 @@ def ranker_inputs(examples: ExampleSet, task: str, window: int = WINDOW) -> Rank
     ids = torch.stack(
         [b.target_item, b.target_advertiser, b.target_category, b.request_surface, b.device, b.target_is_ad], 1
     )
-    labels = examples.fields[task].astype(np.float32)
-    return RankerInputs(ids.numpy(), dense.numpy().astype(np.float32), seq.numpy(), labels)
+    y = np.zeros(n, np.float32) if labels is None else np.asarray(labels, np.float32)
+    return RankerInputs(ids.numpy(), dense.numpy().astype(np.float32), seq.numpy(), y)
 
 
 @dataclass(frozen=True)

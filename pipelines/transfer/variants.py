@@ -60,7 +60,7 @@ class VariantPlan:
     distill_weights: tuple[float, ...] = (0.25, 0.5, 0.75)
     codecs: tuple[str, ...] = ("int8", "pca16")
     ages: tuple[str, ...] = ("age_1h", "age_1d", "age_7d")
-    adapter_age: str = "age_1d"
+    adapter_age: str = "age_7d"
     ranker: RankerConfig = field(default_factory=RankerConfig)
     progress: bool = True
 
@@ -68,13 +68,13 @@ class VariantPlan:
 @dataclass
 class VariantRun:
     """Per variant: holdout probabilities per seed, the rows' digest, representation bytes; the
-    distillation choice; the adapter row's probabilities; the validation AUCs of the grid."""
+    distillation choice of each seed; the adapter row's probabilities; the validation AUCs of the grid."""
 
     holdout_probs: dict[str, list[np.ndarray]] = field(default_factory=dict)
     train_digest: dict[str, str] = field(default_factory=dict)
     bytes_per_vector: dict[str, int] = field(default_factory=dict)
     distill_grid: list[dict[str, float]] = field(default_factory=list)
-    distill_choice: dict[str, float] = field(default_factory=dict)
+    distill_choice: list[dict[str, float]] = field(default_factory=list)
     adapter_probs: dict[str, list[np.ndarray]] = field(default_factory=dict)
 
 
@@ -135,7 +135,7 @@ def run_variants(
         distill, grid, models = _choose_distill(x, splits, soft, plan, seed)
         bar.update(len(grid))
         run.distill_grid += grid
-        run.distill_choice = {"temperature": distill.temperature, "weight": distill.weight}
+        run.distill_choice.append({"seed": seed, "temperature": distill.temperature, "weight": distill.weight})
         _add(run, "distilled", digest, predict_ranker(models[(distill.temperature, distill.weight)], x["holdout"]))
         reps = fit_ranker(x["train"], w, rc, rep=block(MAIN, "train"), seed=seed)
         _add(run, "reps", digest, predict_ranker(reps, x["holdout"], block(MAIN, "holdout")))

@@ -100,7 +100,7 @@ def test_every_variant_trains_on_identical_examples_and_distills_from_training_r
 
     monkeypatch.setattr(variants, "fit_ranker", spy_fit)
     teacher = experiment.gem_teacher(model, "clicked")
-    run = run_variants(splits, "clicked", feats, teacher, replace(SMALL_PLAN, ages=("age_1d",)))
+    run = run_variants(splits, "clicked", feats, teacher, replace(SMALL_PLAN, ages=("age_1d",), adapter_age="age_1d"))
     # the teacher was asked about the training split's rows and nothing else
     assert seen == [splits.train.examples]
     expected = real_predict(model, splits.train.examples, torch.device("cpu"))["clicked"]

@@ -1,0 +1,230 @@
+"""Transfer to downstream models: what a small ranker gains from the representations, and what it costs to serve.
+
+(1) ``transfer``: on a world with a trained GEM model, the downstream ranker's holdout AUC gain
+over ranking alone with the as-of representations, divided by its gain with distillation from
+the same model (``python -m pipelines transfer``'s ``transfer_ratio``, 2 seeds; target 1.5, the
+public LoopFM account claims about 2). The baseline (distillation) is trained in the same run on
+the same rows.
+
+(2) ``transfer-latency``: one 200-candidate request scored by the downstream ranker with its
+store reads (LMDB: the user-level record and the 200 pair records in one round trip, ~80% of the
+pairs present), the fallback resolution and the last-32-events window, against running the
+GEM-style model (default config, 256-token histories) live on the same request (the history
+encoded once for the 200 ads). Both build their inputs from the same history index. Ratio = GEM
+p99 / downstream p99, target 10. Requests alternate between the two so load hits both alike.
+
+QUICK=1: a planted-signal world (tests/model/toyworld.py) with a small trained model, 40 requests.
+Full: the demo-sized generated world (20,000 users x 14 days) and the train command's defaults.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from bench.common import QUICK, WORK, generate, result, untrained_model
+from pipelines.durations import HOUR_MS
+from pipelines.model import GemModel, HistoryIndex, ad_catalog, build_candidate_batch, load_model
+from pipelines.model.train.data import load_features
+from pipelines.similarity.policy import FallbackPath, ResolverConfig
+from pipelines.store import LmdbConfig, LmdbStore, OnlineStore
+from pipelines.transfer.asof import resolve_paths
+from pipelines.transfer.compress import fit_codec, rep_block
+from pipelines.transfer.data import VerticalSpec
+from pipelines.transfer.downstream import DownstreamRanker, RankerConfig, inputs_from_batch, predict_ranker
+from pipelines.transfer.experiment import TransferConfig, run_transfer
+from pipelines.transfer.snapshots import RepFeatures
+from pipelines.transfer.variants import VariantPlan
+from schemas.layouts import representation_schema
+
+CANDIDATES = 200
+REQUESTS = 40 if QUICK else 200
+DIM = 64
+
+
+def quick_world(root: Path) -> tuple[Path, Path]:
+    from pipelines.model.config import GemConfig
+    from pipelines.model.train.loop import TrainConfig, train_model
+    from tests.model.toyworld import ToyWorld, make_world, write_features_dir
+
+    features, model = root / "features", root / "model"
+    if not (model / "model.pt").exists():
+        shutil.rmtree(root, ignore_errors=True)
+        histories, examples = make_world(ToyWorld(users=1500, days=6, mean_impressions=30, categories=16, seed=5))
+        write_features_dir(features, histories, examples, shards=4)
+        config = GemConfig(d_model=32, num_layers=2, max_len=64, block_size=32, representation_dim=DIM)
+        train_model(features, model, config, TrainConfig(max_examples=6_000, max_holdout=3_000, progress=False))
+    return features, model
+
+
+def full_world(root: Path) -> tuple[Path, Path]:
+    events = generate(20_000, 14, root / "events-20000x14-s7.parquet", seed=7)
+    features, model = root / "features", root / "model"
+    py = [sys.executable, "-m", "pipelines"]
+    if not (features / "summary.json").exists():
+        subprocess.run([*py, "features", "--input", str(events), "--output", str(features), "--overwrite"], check=True)
+    if not (model / "model.pt").exists():
+        subprocess.run([*py, "train", "--data", str(features), "--output", str(model), "--no-progress"], check=True)
+    return features, model
+
+
+def transfer_ratio(features: Path, model: Path, out: Path) -> dict:
+    spec = VerticalSpec(
+        max_train=4_000 if QUICK else 12_000, max_validation=2_000, max_holdout=3_000 if QUICK else 8_000
+    )
+    plan = VariantPlan(seeds=(0, 1), ranker=RankerConfig(epochs=3 if QUICK else 4), progress=False)
+    config = TransferConfig(str(features), str(model), str(out), vertical=spec, plan=plan, use_beam=not QUICK)
+    return run_transfer(config)
+
+
+def fill_store(store: OnlineStore, requests: list[tuple[int, np.ndarray]], now_ms: int) -> None:
+    """User-level records and ~80% of each request's pairs, computed an hour ago."""
+    rng = np.random.default_rng(3)
+    users, ads = [], []
+    for user, ad_ids in requests:
+        keep = rng.random(len(ad_ids)) < 0.8
+        users += [user] * (1 + int(keep.sum()))
+        ads += [None, *ad_ids[keep].tolist()]
+    n = len(users)
+    emb = rng.normal(size=n * DIM).astype(np.float16)
+    times = pa.array(np.full(n, now_ms - HOUR_MS), pa.int64()).cast(pa.timestamp("ms", tz="UTC"))
+    store.write_batch(
+        pa.Table.from_arrays(
+            [
+                pa.array(users, pa.int64()),
+                pa.array(ads, pa.int64()),
+                pa.FixedSizeListArray.from_arrays(pa.array(emb, pa.float16()), DIM),
+                pa.nulls(n, pa.float32()),
+                pa.array(rng.random(n, dtype=np.float32)),
+                pa.array(rng.random(n, dtype=np.float32) / 10),
+                pa.array(["bench-transfer"] * n),
+                times,
+                times,
+            ],
+            schema=representation_schema(DIM),
+        )
+    )
+
+
+def request_table(user: int, ad_ids: np.ndarray, at_ms: int) -> pa.Table:
+    return pa.table(
+        {
+            "user_id": pa.array([user], pa.int64()),
+            "surface": pa.array([0], pa.int8()),
+            "request_time": pa.array([at_ms], pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
+            "ad_ids": pa.array([ad_ids.tolist()], pa.list_(pa.int64())),
+        }
+    )
+
+
+def downstream_request(
+    store: OnlineStore,
+    ranker: DownstreamRanker,
+    index: HistoryIndex,
+    catalog: pa.Table,
+    req: pa.Table,
+    policy: ResolverConfig,
+) -> np.ndarray:
+    user, ads = int(req.column("user_id")[0].as_py()), np.asarray(req.column("ad_ids")[0].as_py(), np.int64)
+    read = store.read_for_request(user, ads)
+    n = len(ads)
+    user_vec = np.nan_to_num(read.user.embedding)[0]
+    path = resolve_paths(
+        policy,
+        pair_found=read.pairs.found,
+        pair_age_s=read.pairs.age_s,
+        user_found=np.repeat(read.user.found, n),
+        user_age_s=np.repeat(read.user.age_s, n),
+    )
+    pair = np.nan_to_num(read.pairs.embedding)
+    pair[path == FallbackPath.SAME_USER] = user_vec  # the user-level rep fills the pair slot
+    feats = RepFeatures(np.tile(user_vec, (n, 1)), pair, path, np.repeat(read.user.age_s, n), read.pairs.age_s)
+    x = inputs_from_batch(build_candidate_batch(index, req, max_len=32, catalog=catalog))
+    return predict_ranker(ranker, x, rep_block(feats, fit_codec("float16", feats)))
+
+
+def latency(features: Path, root: Path) -> dict[str, float]:
+    histories, _ = load_features(features)
+    index = HistoryIndex(histories)
+    catalog = ad_catalog(index)
+    gem: GemModel = load_model(untrained_model(root / "gem-default"), device="cpu")
+    torch.manual_seed(0)
+    rep_dim = 2 * DIM + 5 + 2
+    probe = request_table(int(index.user_ids[0]), catalog.column("item_id").to_numpy()[:2], 0)
+    x_probe = inputs_from_batch(build_candidate_batch(index, probe, max_len=32, catalog=catalog))
+    ranker = DownstreamRanker(RankerConfig(), dense_dim=x_probe.dense.shape[1], rep_dim=rep_dim).eval()
+    rng = np.random.default_rng(0)
+    has = np.flatnonzero(np.diff(index.offsets) > 0)
+    now_ms = int(time.time() * 1000)
+    ad_pool = catalog.column("item_id").to_numpy()
+    requests = [
+        (int(index.user_ids[rng.choice(has)]), rng.choice(ad_pool, CANDIDATES, replace=len(ad_pool) < CANDIDATES))
+        for _ in range(REQUESTS)
+    ]
+    path = root / "store"
+    shutil.rmtree(path, ignore_errors=True)
+    policy = ResolverConfig(max_age_s=6 * 3600, fallback_max_age_s=7 * 86400)
+    times: dict[str, list[float]] = {"downstream": [], "gem": []}
+    with LmdbStore(LmdbConfig(str(path))) as store:
+        fill_store(store, requests, now_ms)
+        for i, (user, ads) in enumerate([requests[0], *requests]):  # the first one warms up, unrecorded
+            req = request_table(user, ads, now_ms)
+            for name in ("downstream", "gem") if i % 2 else ("gem", "downstream"):
+                start = time.perf_counter()
+                if name == "gem":
+                    gem.represent(build_candidate_batch(index, req, max_len=gem.config.max_len, catalog=catalog))
+                else:
+                    downstream_request(store, ranker, index, catalog, req, policy)
+                if i:
+                    times[name].append(time.perf_counter() - start)
+    return {
+        f"{k}_{q}": float(np.quantile(v, p)) * 1000 for k, v in times.items() for q, p in (("p50", 0.5), ("p99", 0.99))
+    }
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    root = WORK / ("transfer-quick" if QUICK else "transfer")
+    root.mkdir(parents=True, exist_ok=True)
+    features, model = quick_world(root) if QUICK else full_world(root)
+    lat = latency(features, root)
+    print(
+        "200-candidate request: downstream (store read + fallbacks + window + ranker) "
+        f"p50 {lat['downstream_p50']:.2f} ms "
+        f"p99 {lat['downstream_p99']:.2f} ms; GEM live p50 {lat['gem_p50']:.2f} ms p99 {lat['gem_p99']:.2f} ms"
+    )
+    report = transfer_ratio(features, model, root / "report")
+    v = report["variants"]
+    for name in ("distilled", "reps", "reps_int8", "reps_pca16", "reps_distilled"):
+        print(
+            f"{name:<15} AUC {v[name]['auc']:.4f} gain {v[name]['auc_gain']:+.4f} "
+            f"[{v[name]['auc_gain_p05']:+.4f}, {v[name]['auc_gain_p95']:+.4f}]"
+        )
+    print(report["verdict"])
+    result(
+        "transfer",
+        float(report["transfer_ratio"]),
+        1.5,
+        f"gain with representations / gain with distillation (p05 {report['transfer_ratio_p05']:.2f}; "
+        f"alone AUC {v['alone']['auc']:.4f})",
+    )
+    result(
+        "transfer-latency",
+        lat["gem_p99"] / lat["downstream_p99"],
+        10,
+        f"GEM live p99 {lat['gem_p99']:.2f} ms / downstream p99 {lat['downstream_p99']:.2f} ms (200 candidates)",
+    )
+
+
+if __name__ == "__main__":
+    main()
