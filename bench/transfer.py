@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -79,10 +80,15 @@ def full_world(root: Path) -> tuple[Path, Path]:
 
 
 def transfer_ratio(features: Path, model: Path, out: Path) -> dict:
-    spec = VerticalSpec(
-        max_train=4_000 if QUICK else 12_000, max_validation=2_000, max_holdout=3_000 if QUICK else 8_000
-    )
-    plan = VariantPlan(seeds=(0, 1), ranker=RankerConfig(epochs=3 if QUICK else 4), progress=False)
+    if QUICK:
+        spec = VerticalSpec(max_train=2_500, max_validation=1_000, max_holdout=2_000)
+        plan = VariantPlan(
+            seeds=(0, 1), temperatures=(1.0, 2.0), distill_weights=(0.25, 0.5), ranker=RankerConfig(epochs=3)
+        )
+    else:
+        spec = VerticalSpec(max_train=12_000, max_validation=4_000, max_holdout=8_000)
+        plan = VariantPlan(seeds=(0, 1), ranker=RankerConfig(epochs=4))
+    plan = replace(plan, progress=False)
     config = TransferConfig(str(features), str(model), str(out), vertical=spec, plan=plan, use_beam=not QUICK)
     return run_transfer(config)
 
