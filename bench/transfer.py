@@ -42,7 +42,13 @@ from pipelines.store import LmdbConfig, LmdbStore, OnlineStore
 from pipelines.transfer.asof import resolve_paths
 from pipelines.transfer.compress import fit_codec, rep_block
 from pipelines.transfer.data import VerticalSpec
-from pipelines.transfer.downstream import DownstreamRanker, RankerConfig, inputs_from_batch, predict_ranker
+from pipelines.transfer.downstream import (
+    DownstreamRanker,
+    RankerConfig,
+    inputs_from_batch,
+    predict_ranker,
+    request_inputs,
+)
 from pipelines.transfer.experiment import TransferConfig, run_transfer
 from pipelines.transfer.snapshots import RepFeatures
 from pipelines.transfer.variants import VariantPlan
@@ -155,7 +161,7 @@ def downstream_request(
     pair = np.nan_to_num(read.pairs.embedding)
     pair[path == FallbackPath.SAME_USER] = user_vec  # the user-level rep fills the pair slot
     feats = RepFeatures(np.tile(user_vec, (n, 1)), pair, path, np.repeat(read.user.age_s, n), read.pairs.age_s)
-    x = inputs_from_batch(build_candidate_batch(index, req, max_len=32, catalog=catalog))
+    x = request_inputs(index, req, catalog)  # the user's last 32 events cut once for the 200 ads
     return predict_ranker(ranker, x, rep_block(feats, fit_codec("float16", feats)))
 
 

@@ -12,22 +12,27 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from pipelines.model.embed import hash_ids
-from pipelines.model.inputs import ExampleSet, GemBatch
+from pipelines.model.inputs import ExampleSet, GemBatch, HistoryIndex, build_candidate_batch
 
 __all__ = [
     "Distill",
     "DownstreamRanker",
     "RankerConfig",
     "RankerInputs",
+    "RepAdapter",
+    "fit_adapter",
     "fit_ranker",
     "inputs_from_batch",
+    "predict_adapted",
     "predict_ranker",
     "ranker_inputs",
+    "request_inputs",
 ]
 
 WINDOW = 32
@@ -50,6 +55,11 @@ class RankerInputs:
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    @property
+    def shared_window(self) -> bool:
+        """One window for every row (the candidates of one request read the same user's events)."""
+        return self.window.shape[0] == 1 and len(self.labels) != 1
 
 
 def _hash(values: torch.Tensor, field: str) -> torch.Tensor:
@@ -87,6 +97,38 @@ def inputs_from_batch(b: GemBatch, labels: np.ndarray | None = None, window: int
     )
     y = np.zeros(n, np.float32) if labels is None else np.asarray(labels, np.float32)
     return RankerInputs(ids.numpy(), dense.numpy().astype(np.float32), seq.numpy(), y)
+
+
+def request_inputs(index: HistoryIndex, candidates: pa.Table, catalog: pa.Table, window: int = WINDOW) -> RankerInputs:
+    """The inputs of ONE candidate request (a one-row CANDIDATES table): the user's window is cut
+    once and shared by every ad (``window (1, W, 4)``), as the rows of :func:`inputs_from_batch`
+    would each hold it; per-ad fields and the target's matches in the window are per row."""
+    if candidates.num_rows != 1:
+        raise ValueError(f"request_inputs takes one request, got {candidates.num_rows}")
+    rows = build_candidate_batch(index, candidates, max_len=0, catalog=catalog)  # targets, counts; no events
+    first = candidates.set_column(
+        candidates.schema.get_field_index("ad_ids"), "ad_ids", pa.array([[0]], pa.list_(pa.int64()))
+    )
+    one = inputs_from_batch(build_candidate_batch(index, first, max_len=window), window=window)
+    seq = torch.from_numpy(one.window)  # (1, W, 4)
+    valid = (seq[:, :, 0] >= 0) | (seq[:, :, 3] >= 0)
+    same = [
+        ((seq[:, :, 3] == rows.target_item[:, None]) & valid).float().sum(1),
+        ((seq[:, :, 0] == rows.target_category[:, None]) & valid & (rows.target_category[:, None] >= 0)).float().sum(1),
+    ]
+    dense = torch.cat([rows.counts, torch.log1p(torch.stack(same, 1))], 1)
+    ids = torch.stack(
+        [
+            rows.target_item,
+            rows.target_advertiser,
+            rows.target_category,
+            rows.request_surface,
+            rows.device,
+            rows.target_is_ad,
+        ],
+        1,
+    )
+    return RankerInputs(ids.numpy(), dense.numpy().astype(np.float32), one.window, np.zeros(rows.num_rows, np.float32))
 
 
 @dataclass(frozen=True)
@@ -136,7 +178,7 @@ class DownstreamRanker(nn.Module):
         denom = valid.float().sum(1, keepdim=True).clamp_min(1.0)
         for j, f in enumerate(("category", "event_type", "surface", "item")):
             emb = self.window_tables[f](_hash(window[:, :, j], f)) * valid[:, :, None]
-            parts.append(emb.sum(1) / denom)
+            parts.append((emb.sum(1) / denom).expand(ids.shape[0], -1))
         parts.append(dense)
         if self.rep_dim:
             assert rep is not None, "this ranker was built for representation features"
@@ -160,7 +202,8 @@ def _logit(p: np.ndarray) -> np.ndarray:
 
 
 def _tensors(x: RankerInputs, rows: np.ndarray, rep: np.ndarray | None) -> tuple[torch.Tensor, ...]:
-    out = [torch.from_numpy(x.ids[rows]), torch.from_numpy(x.dense[rows]), torch.from_numpy(x.window[rows])]
+    window = x.window if x.shared_window else x.window[rows]
+    out = [torch.from_numpy(x.ids[rows]), torch.from_numpy(x.dense[rows]), torch.from_numpy(window)]
     return (*out, torch.from_numpy(rep[rows]) if rep is not None else torch.zeros(0))
 
 

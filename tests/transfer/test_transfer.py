@@ -131,3 +131,35 @@ def test_cli_writes_the_report_and_the_plot(world: tuple[Path, Path], tmp_path: 
     assert (out / "transfer.png").stat().st_size > 0
     assert sorted(p.name for p in (out / "asof").iterdir()) == ["shard=00000", "shard=00001"]
     assert main([*argv, *small]) == 2  # an existing report needs --overwrite
+
+
+def test_a_request_shares_one_window_and_scores_as_row_by_row(world: tuple[Path, Path]) -> None:
+    import pyarrow as pa
+
+    from pipelines.model import ad_catalog, build_candidate_batch
+    from pipelines.transfer.downstream import DownstreamRanker, inputs_from_batch, predict_ranker, request_inputs
+
+    features, _ = world
+    histories, _ = load_features(features)
+    index = HistoryIndex(histories)
+    catalog = ad_catalog(index)
+    ads = catalog.column("item_id").to_numpy()[:50]
+    user = int(index.user_ids[np.argmax(np.diff(index.offsets))])
+    req = pa.table(
+        {
+            "user_id": pa.array([user], pa.int64()),
+            "surface": pa.array([2], pa.int8()),
+            "request_time": pa.array([int(index.event_time.max())], pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
+            "ad_ids": pa.array([ads.tolist()], pa.list_(pa.int64())),
+        }
+    )
+    shared = request_inputs(index, req, catalog)
+    full = inputs_from_batch(build_candidate_batch(index, req, max_len=32, catalog=catalog))
+    assert shared.window.shape == (1, 32, 4) and shared.shared_window
+    np.testing.assert_array_equal(shared.ids, full.ids)
+    np.testing.assert_allclose(shared.dense, full.dense)
+    assert (full.window == shared.window).all()
+    torch.manual_seed(0)
+    ranker = DownstreamRanker(RankerConfig(), full.dense.shape[1], rep_dim=3).eval()
+    rep = np.random.default_rng(0).normal(size=(50, 3)).astype(np.float32)
+    np.testing.assert_allclose(predict_ranker(ranker, shared, rep), predict_ranker(ranker, full, rep), rtol=1e-5)
