@@ -53,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--direct", action="store_true", help="compute the as-of features in-process, without Beam")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--overwrite", action="store_true", help="replace a report already in OUTPUT")
+    from pipelines.runners import add_runner_arguments
+
+    add_runner_arguments(parser)
 
 
 def _surface(value: str | None) -> int | None:
@@ -107,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from pipelines.model.checkpoint import resolve_device
+    from pipelines.runners import pipeline_options, runner_for
     from pipelines.transfer.data import VerticalSpec
     from pipelines.transfer.downstream import RankerConfig
     from pipelines.transfer.experiment import TransferConfig, run_transfer
@@ -134,7 +138,8 @@ def run(args: argparse.Namespace) -> int:
         pair_coverage=args.pair_coverage,
         device=args.device,
         use_beam=not args.direct,
-        beam_args=tuple(args.beam_args),
+        beam_options=None if args.direct else pipeline_options(args, args.beam_args),
+        runner=None if args.direct else runner_for(args),
     )
     report = run_transfer(config)
     print(headline(report))

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -48,7 +48,8 @@ class TransferConfig:
     pair_coverage: float = 0.8
     device: str = "cpu"
     use_beam: bool = True
-    beam_args: tuple[str, ...] = ()
+    beam_options: object | None = None  # PipelineOptions (pipelines.runners.pipeline_options); None: local
+    runner: object | None = None
 
 
 def as_of_settings(cadence_ms: int, coverage: float) -> list[AsOfSetting]:
@@ -105,7 +106,16 @@ def run_transfer(config: TransferConfig) -> dict[str, Any]:
     if config.use_beam:
         from pipelines.transfer.pipeline import run_asof_pipeline
 
-        features = run_asof_pipeline(config.features, config.model, splits, settings, out / "asof", config.beam_args)
+        features = run_asof_pipeline(
+            config.features,
+            config.model,
+            splits,
+            settings,
+            out / "asof",
+            cast(Any, config.beam_options),
+            config.runner,
+            device=config.device,
+        )
     else:
         features = _features_direct(model, index, splits, settings)
     clock["asof"] = time.monotonic()

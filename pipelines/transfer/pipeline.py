@@ -16,11 +16,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from apache_beam.options.pipeline_options import PipelineOptions
 
 import pipelines.io.arrow_coder  # noqa: F401  (registers the pa.Table coder)
 from pipelines.io.files import match_files
@@ -190,19 +192,21 @@ def run_asof_pipeline(
     splits: Splits,
     settings: Sequence[AsOfSetting],
     output: str | Path,
-    beam_args: Sequence[str] = (),
+    options: PipelineOptions | None = None,
+    runner: Any = None,
     device: str = "cpu",
 ) -> dict[str, dict[str, RepFeatures]]:
     """Run the pipeline over every split's examples (keyed by the features' user shards), write
-    ``output/shard=NNNNN/part-00000.parquet`` and read the features back."""
-    from apache_beam.options.pipeline_options import PipelineOptions
+    ``output/shard=NNNNN/part-00000.parquet`` and read the features back. ``options``/``runner``:
+    from :mod:`pipelines.runners` (default: Beam's in-process FnApiRunner)."""
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
     out = str(output)
     by_shard = shard_examples(features_dir, tag_examples(splits))
-    options = PipelineOptions(
-        list(beam_args) or ["--direct_running_mode=in_memory"], save_main_session=False, pickle_library="cloudpickle"
-    )
-    with beam.Pipeline(options=options) as p:
+    if options is None:
+        options = PipelineOptions(["--direct_running_mode=in_memory"], save_main_session=False)
+        runner = runner or FnApiRunner()
+    with beam.Pipeline(runner=runner, options=options) as p:
         _ = (
             p
             | "Examples" >> beam.Create(by_shard)
