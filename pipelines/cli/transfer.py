@@ -19,22 +19,21 @@ import json
 import shutil
 from pathlib import Path
 
+from pipelines.cli import flags
 from pipelines.errors import ConfigError, OutputNotWritableError
 
 ACCEPTS_BEAM_ARGS = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--features", required=True, metavar="DIR", help="a features output folder")
-    parser.add_argument(
-        "--model", required=True, metavar="DIR", help="a trained model folder (python -m pipelines train)"
-    )
-    parser.add_argument("--output", required=True, metavar="DIR", help="where report.json, transfer.png and asof/ go")
+    flags.add_features_input(parser)
+    flags.add_model_input(parser)
+    flags.add_output(parser, "report.json, transfer.png and asof/")
     parser.add_argument("--surface", default=None, help="surface name or code of the vertical (default: every surface)")
     parser.add_argument("--objective", default="click", choices=("click", "conversion"), help="(default: click)")
-    parser.add_argument("--cadence", default="6h", help="snapshot cadence in event time, e.g. 1h, 6h, 1d (default: 6h)")
+    flags.add_duration(parser, "--cadence", "6h", "how often representations are snapshotted, in event time")
     parser.add_argument("--seeds", type=int, default=2, help="downstream training seeds per variant (default: 2)")
-    parser.add_argument("--seed", type=int, default=0, help="first seed; also the sampling seed (default: 0)")
+    flags.add_seed(parser, "sampling and the first ranker")
     parser.add_argument(
         "--max-train", type=int, default=12_000, help="training examples sampled (default: %(default)s)"
     )
@@ -48,14 +47,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.8,
         help="share of (user, ad) pairs the candidate sets covered, so precomputed (default: %(default)s)",
     )
-    parser.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"), help="model device (default: cpu)")
+    flags.add_device(parser, "GEM's snapshots and the rankers", default="cpu", why="; the same bits on every machine")
     parser.add_argument("--threads", type=int, default=1, help="torch threads on CPU (default: 1)")
     parser.add_argument("--direct", action="store_true", help="compute the as-of features in-process, without Beam")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    parser.add_argument("--overwrite", action="store_true", help="replace a report already in OUTPUT")
-    from pipelines.runners import add_runner_arguments
-
-    add_runner_arguments(parser)
+    flags.add_progress(parser)
+    flags.add_runner(parser)
 
 
 def _surface(value: str | None) -> int | None:
@@ -97,12 +93,7 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipelines.durations import parse_duration
-
-    try:
-        cadence_ms = int(parse_duration(args.cadence) * 1000)
-    except ValueError as exc:
-        raise ConfigError("--cadence", str(exc), "write e.g. 1h, 6h or 1d") from exc
+    cadence_ms = int(args.cadence * 1000)
     if cadence_ms < 60_000:
         raise ConfigError("--cadence", f"{args.cadence} is under a minute", "pass 1h or more")
     surface = _surface(args.surface)

@@ -48,6 +48,7 @@ SHARED = {
     "produce": ["--num-partitions", "--no-progress"],
     "solaris": ["--model", "--device", "{auto,cpu,cuda}", "--pair-max-age", "DURATION", "--metrics-port"],
     "inspect": ["PATH"],
+    "transfer": ["--features", "--model", "--output", "--overwrite", "--device", "--cadence", "DURATION", "--runner"],
 }
 
 

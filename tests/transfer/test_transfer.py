@@ -85,7 +85,7 @@ def test_every_variant_trains_on_identical_examples_and_distills_from_training_r
     seen: list[object] = []
     real_predict = experiment.predict
 
-    def spy_predict(m, examples, device, *a, **k):  # type: ignore[no-untyped-def]
+    def spy_predict(m, examples, device, *a, **k):
         seen.append(examples)
         return real_predict(m, examples, device, *a, **k)
 
@@ -93,7 +93,7 @@ def test_every_variant_trains_on_identical_examples_and_distills_from_training_r
     fits: list[tuple[int, np.ndarray | None]] = []
     real_fit = variants.fit_ranker
 
-    def spy_fit(x, weights, config, **kw):  # type: ignore[no-untyped-def]
+    def spy_fit(x, weights, config, **kw):
         d = kw.get("distill")
         fits.append((len(x), None if d is None else d.teacher))
         return real_fit(x, weights, config, **kw)
