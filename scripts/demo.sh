@@ -2,7 +2,7 @@
 # make demo: the main job end to end on embedded defaults (no services):
 # generate ~1M events -> features (histories, training examples) -> train the GEM model ->
 # precompute representations into Parquet + an embedded LMDB store -> FAISS index ->
-# resolve a few requests with fallbacks -> inspect. DEMO_STAGES=features stops after features.
+# resolve a few requests with fallbacks -> transfer to downstream rankers -> inspect. DEMO_STAGES=features stops after features.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -16,13 +16,13 @@ start=$(date +%s)
 
 step() { echo; echo "=== $*"; }
 
-step "1/6 generate: $USERS users x $DAYS days (with a few malformed lines and redeliveries)"
+step "1/7 generate: $USERS users x $DAYS days (with a few malformed lines and redeliveries)"
 rm -rf "$DEMO_DIR/events.jsonl.gz" "$DEMO_DIR/events.truth"
 $PY -m pipelines generate --users "$USERS" --days "$DAYS" --seed 7 \
     --output "$DEMO_DIR/events.jsonl.gz" --candidates-output "$DEMO_DIR/candidates.parquet" --overwrite \
     --requests "$REQUESTS" --bad-fraction 0.0005 --duplicate-fraction 0.002
 
-step "2/6 features: histories + point-in-time training examples (Beam, local runner)"
+step "2/7 features: histories + point-in-time training examples (Beam, local runner)"
 $PY -m pipelines features --input "$DEMO_DIR/events.jsonl.gz" --output "$DEMO_DIR/features" --overwrite
 
 step "check: the pipeline's counts against what the generator injected"
@@ -43,20 +43,23 @@ step "inspect features"
 $PY -m pipelines inspect "$DEMO_DIR/features" --plot "$DEMO_DIR/features.png"
 
 if [[ "$STAGES" != "features" ]]; then
-    step "3/6 train: GEM-style model vs count baseline on a last-day holdout"
+    step "3/7 train: GEM-style model vs count baseline on a last-day holdout"
     $PY -m pipelines train --features "$DEMO_DIR/features" --output "$DEMO_DIR/model" --overwrite \
         | tail -1
     $PY -c "import json,sys; m=json.load(open(sys.argv[1])); print('  holdout click AUC: model %.4f, baseline %.4f' % (m['model']['click']['auc'], m['baseline']['click']['auc']))" "$DEMO_DIR/model/metrics.json"
 
-    step "4/6 precompute: $REQUESTS candidate requests + every user -> representations (RunInference, token budget)"
+    step "4/7 precompute: $REQUESTS candidate requests + every user -> representations (RunInference, token budget)"
     rm -rf "$DEMO_DIR/store"
     $PY -m pipelines precompute --features "$DEMO_DIR/features" --candidates "$DEMO_DIR/candidates.parquet" \
         --model "$DEMO_DIR/model" --output "$DEMO_DIR/precompute" --all-users \
         --store "lmdb://$(realpath "$DEMO_DIR")/store" --overwrite | tail -1
     $PY -m pipelines inspect "$DEMO_DIR/precompute" | tail -1
 
-    step "5/6 + 6/6 index users in FAISS and resolve requests (exact -> same user -> similar users -> none)"
+    step "5/7 + 6/7 index users in FAISS and resolve requests (exact -> same user -> similar users -> none)"
     bash scripts/demo_similarity.sh "$DEMO_DIR"
+
+    step "7/7 transfer: downstream rankers alone / distilled / with representations"
+    bash scripts/demo_transfer.sh "$DEMO_DIR"
 fi
 
 step "done in $(( $(date +%s) - start )) s; outputs:"
