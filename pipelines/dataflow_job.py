@@ -11,22 +11,17 @@ pipeline as submitted) instead of reading back outputs that a dry run never writ
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions, TestOptions
 
 from pipelines.errors import ConfigError
+from pipelines.redact import redact_fields
 
-__all__ = ["JOB_DIR", "dry_run_report", "is_dry_run", "redact", "validate_dry_run", "write_dry_run"]
+__all__ = ["JOB_DIR", "dry_run_report", "is_dry_run", "validate_dry_run", "write_dry_run"]
 
 JOB_DIR = "dataflow_job"
-#: Option names whose values are never written out.
-SECRET_NAME = re.compile(r"pass(word)?|secret|token|credential|private|api_?key|sasl", re.IGNORECASE)
-#: user:password@ in a URL value (e.g. redis://:pw@host).
-URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^/@:\s]*:)[^/@\s]+@", re.IGNORECASE)
-REDACTED = "<redacted>"
 TRUE = ("true", "1", "yes")
 
 
@@ -54,21 +49,6 @@ def is_dry_run(options: PipelineOptions | None) -> bool:
     if options is None or options.view_as(StandardOptions).runner != "DataflowRunner":
         return False
     return str(_dry_run_value(options)).lower() in TRUE
-
-
-def redact(options: dict[str, Any]) -> dict[str, Any]:
-    """The options with secret-named values and URL passwords replaced by ``<redacted>``."""
-    return {k: REDACTED if SECRET_NAME.search(k) and v not in (None, False) else _clean(v) for k, v in options.items()}
-
-
-def _clean(value: Any) -> Any:
-    if isinstance(value, str):
-        return URL_PASSWORD.sub(rf"\g<head>{REDACTED}@", value)
-    if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
-    if isinstance(value, dict):
-        return redact(value)
-    return value
 
 
 def _transforms(pipeline: Any) -> list[dict[str, Any]]:
@@ -108,7 +88,7 @@ def describe(result: Any, options: PipelineOptions) -> dict[str, Any]:
         "region": gcp.region,
         "sdk_container_images": _images(job.proto_pipeline),
         "transforms": _transforms(job.proto_pipeline),
-        "options": redact(options.get_all_options(drop_default=True, retain_unknown_options=True)),
+        "options": redact_fields(options.get_all_options(drop_default=True, retain_unknown_options=True)),
     }
 
 

@@ -31,6 +31,8 @@ _QUERY = re.compile(
     r"(?i)(?P<head>[?&;](?:password|passwd|pwd|pass|secret|token|api_key|apikey|access_key|sasl_password)=)"
     r"(?P<secret>[^&;\s'\"]+)"
 )
+#: Option and field names whose values are secrets as a whole (a SASL password, an API token).
+_SECRET_NAME = re.compile(r"pass(word)?|secret|token|credential|private|api_?key|sasl_password", re.IGNORECASE)
 #: Registered secret values (at least 3 characters: shorter ones would mask ordinary text).
 _SECRETS: set[str] = set()
 
@@ -69,7 +71,8 @@ def redact(text: str) -> str:
 
 
 def redact_fields(values: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of ``values`` with every string (also inside lists) redacted."""
+    """A copy of ``values`` with every string (also inside lists) redacted, and the whole value of a
+    secret-named field (``password``, ``api_token``, ...) masked."""
 
     def one(value: Any) -> Any:
         if isinstance(value, str):
@@ -80,7 +83,10 @@ def redact_fields(values: Mapping[str, Any]) -> dict[str, Any]:
             return redact_fields(value)
         return value
 
-    return {key: one(value) for key, value in values.items()}
+    return {
+        key: MASK if _SECRET_NAME.search(str(key)) and value not in (None, False) else one(value)
+        for key, value in values.items()
+    }
 
 
 class _RedactingStream(io.TextIOBase):

@@ -14,6 +14,7 @@ from pathlib import Path
 import lmdb
 import pytest
 
+from pipelines.io.commit import commit_folder
 from pipelines.io.summary import write_summary
 from pipelines.redact import MASK, redact, register_secret
 from tests.precompute.conftest import World
@@ -106,6 +107,8 @@ def test_a_shard_without_a_history_file_is_normal(world: World, tmp_path: Path) 
     features = tmp_path / "features"
     shutil.copytree(world.features, features)
     shutil.rmtree(features / "histories" / "shard=00001")
+    # committed again without that shard: the state of a snapshot where no user of shard 1 had events
+    commit_folder(str(features), holds="a features snapshot")
     out = tmp_path / "out"
     done = _cli(
         "precompute",

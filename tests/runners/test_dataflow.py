@@ -91,11 +91,12 @@ def test_dry_run_misuse_names_the_flag(flags: list[str], flag: str, tmp_path: Pa
 
 
 def test_redaction() -> None:
-    from pipelines.dataflow_job import redact
+    """The job file's options pass the project's one redaction rule (pipelines.redact)."""
+    from pipelines.redact import redact_fields
 
-    found = redact({"redis_url": "redis://:pw@h:6379/0", "api_token": "t", "x": ["a://u:p@h"], "password": None})
+    found = redact_fields({"redis_url": "redis://:pw@h:6379/0", "api_token": "t", "x": ["a://u:p@h"], "password": None})
     assert found == {
-        "redis_url": "redis://:<redacted>@h:6379/0",
-        "api_token": "<redacted>",
-        "x": ["a://u:<redacted>@h"],
+        "redis_url": "redis://:***@h:6379/0",
+        "api_token": "***",
+        "x": ["a://u:***@h"],
     } | {"password": None}
