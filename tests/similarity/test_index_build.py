@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from pipelines.errors import ConfigError
+from pipelines.io.commit import commit_folder
 from pipelines.similarity import faiss_ops as ops
 from pipelines.similarity.artifact import read_id_map, read_manifest
 from pipelines.similarity.build import BuildSpec, build_index, shard_bounds, write_built
@@ -194,5 +195,6 @@ def test_a_manifest_cannot_name_files_outside_its_folder(tmp_path: Path, data: n
     manifest = json.loads((tmp_path / "idx" / "manifest.json").read_text())
     manifest["files"] = [name]
     (tmp_path / "idx" / "manifest.json").write_text(json.dumps(manifest))
+    commit_folder(str(tmp_path / "idx"), holds="an index")  # a committed, hostile manifest: the path check must hold
     with pytest.raises(ConfigError, match="outside its folder"):
         UserIndex.load(tmp_path / "idx", gpu="off")

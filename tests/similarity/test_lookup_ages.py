@@ -6,11 +6,15 @@ import argparse
 
 import pytest
 
+from pipelines.cli.flags import duration
 from pipelines.cli.lookup import _ages
 
 
 def _args(store: str, max_age: str | None = None, fallback: str | None = None) -> argparse.Namespace:
-    return argparse.Namespace(store=store, max_age=max_age, fallback_max_age=fallback)
+    def parsed(text: str | None) -> float | None:  # as argparse gives them: --max-age and co. are durations
+        return None if text is None else duration(text)
+
+    return argparse.Namespace(store=store, max_age=parsed(max_age), fallback_max_age=parsed(fallback))
 
 
 @pytest.mark.parametrize(
