@@ -81,7 +81,7 @@ def full_world(root: Path) -> tuple[Path, Path]:
     if not (features / "summary.json").exists():
         subprocess.run([*py, "features", "--input", str(events), "--output", str(features), "--overwrite"], check=True)
     if not (model / "model.pt").exists():
-        subprocess.run([*py, "train", "--data", str(features), "--output", str(model), "--no-progress"], check=True)
+        subprocess.run([*py, "train", "--features", str(features), "--output", str(model), "--no-progress"], check=True)
     return features, model
 
 

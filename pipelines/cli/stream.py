@@ -91,6 +91,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "share the worker's cores (default: %(default)s)",
     )
     flags.add_max_future(parser)
+    parser.add_argument(
+        "--metrics-port", type=int, default=None, help="serve Prometheus metrics (lag, rates, freshness) on this port"
+    )
     add_connection_arguments(parser)
     group = parser.add_argument_group(
         "runner", "the job runs on Beam's Prism; other Beam pipeline options in Beam's spelling go to Beam as given"

@@ -41,7 +41,7 @@ def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
 def _features_readers_refuse(world: World, folder: Path, tmp: Path, capsys: pytest.CaptureFixture[str]) -> str:
     messages = [
         _refused(["inspect", str(folder)], capsys),
-        _refused(["train", "--data", str(folder), "--output", str(tmp / "model"), "--device", "cpu"], capsys),
+        _refused(["train", "--features", str(folder), "--output", str(tmp / "model"), "--device", "cpu"], capsys),
         _refused(
             ["features", "--input", str(world.events), "--output", str(tmp / "f"), "--previous", str(folder)], capsys
         ),
