@@ -31,8 +31,9 @@ _QUERY = re.compile(
     r"(?i)(?P<head>[?&;](?:password|passwd|pwd|pass|secret|token|api_key|apikey|access_key|sasl_password)=)"
     r"(?P<secret>[^&;\s'\"]+)"
 )
-#: Option and field names whose values are secrets as a whole (a SASL password, an API token).
-_SECRET_NAME = re.compile(r"pass(word)?|secret|token|credential|private|api_?key|sasl_password", re.IGNORECASE)
+#: Option and field names whose values are secrets as a whole (``sasl_password``, ``api_token``; not
+#: ``token_budget``, whose value is a count).
+_SECRET_NAME = re.compile(r"(^|_)(pass(word)?|passwd|secret|token|credentials?|private_key|api_?key)$", re.IGNORECASE)
 #: Registered secret values (at least 3 characters: shorter ones would mask ordinary text).
 _SECRETS: set[str] = set()
 

@@ -94,9 +94,11 @@ def test_redaction() -> None:
     """The job file's options pass the project's one redaction rule (pipelines.redact)."""
     from pipelines.redact import redact_fields
 
-    found = redact_fields({"redis_url": "redis://:pw@h:6379/0", "api_token": "t", "x": ["a://u:p@h"], "password": None})
+    found = redact_fields(
+        {"redis_url": "redis://:pw@h:6379/0", "api_token": "t", "x": ["a://u:p@h"], "password": None, "token_budget": 9}
+    )
     assert found == {
         "redis_url": "redis://:***@h:6379/0",
         "api_token": "***",
         "x": ["a://u:***@h"],
-    } | {"password": None}
+    } | {"password": None, "token_budget": 9}
