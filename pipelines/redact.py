@@ -31,9 +31,9 @@ _QUERY = re.compile(
     r"(?i)(?P<head>[?&;](?:password|passwd|pwd|pass|secret|token|api_key|apikey|access_key|sasl_password)=)"
     r"(?P<secret>[^&;\s'\"]+)"
 )
-#: Option and field names whose values are secrets as a whole (``sasl_password``, ``api_token``; not
-#: ``token_budget``, whose value is a count).
-_SECRET_NAME = re.compile(r"(^|_)(pass(word)?|passwd|secret|token|credentials?|private_key|api_?key)$", re.IGNORECASE)
+#: Option and field names whose text values are secrets as a whole (``sasl_password``, ``api_token``,
+#: ``s3_secret_access_key``); a number under such a name (``token_budget``) is a count, not a secret.
+_SECRET_NAME = re.compile(r"pass(word)?|passwd|secret|token|credential|private_key|api_?key", re.IGNORECASE)
 #: Registered secret values (at least 3 characters: shorter ones would mask ordinary text).
 _SECRETS: set[str] = set()
 
@@ -85,7 +85,7 @@ def redact_fields(values: Mapping[str, Any]) -> dict[str, Any]:
         return value
 
     return {
-        key: MASK if _SECRET_NAME.search(str(key)) and value not in (None, False) else one(value)
+        key: MASK if isinstance(value, str) and value and _SECRET_NAME.search(str(key)) else one(value)
         for key, value in values.items()
     }
 

@@ -53,7 +53,7 @@ def test_features_job_graph(gcp_extra: None, world: World, tmp_path: Path, capsy
     job = _job(out, capsys)
     assert job["name"] == "gem-features"
     assert {"ReadEvents", "BuildHistories", "WriteDeadLetters", "WriteSummary"} <= _names(job)
-    assert job["options"]["s3_secret_access_key"] == "<redacted>"
+    assert job["options"]["s3_secret_access_key"] == "***"
     assert "hunter2" not in (out / "dataflow_job" / "job.json").read_text()
 
 
