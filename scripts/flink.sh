@@ -254,14 +254,7 @@ down() {
         kill -TERM "$p" 2>/dev/null || true
     done
     for p in $pids; do
-        for _ in $(seq 60); do
-            kill -0 "$p" 2>/dev/null || break
-            sleep 0.5
-        done
-        if kill -0 "$p" 2>/dev/null; then
-            log "pid $p still alive after 30 s; sending SIGKILL"
-            kill -KILL "$p" 2>/dev/null || true
-        fi
+        stop_pid "$p"
     done
     rm -f "$JM_PIDFILE" "$TM_PIDFILE"
     log "down"

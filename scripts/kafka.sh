@@ -134,15 +134,7 @@ down() {
         return 0
     fi
     log "stopping pid $pid"
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 60); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.5
-    done
-    if kill -0 "$pid" 2>/dev/null; then
-        log "pid $pid still alive after 30 s; sending SIGKILL"
-        kill -KILL "$pid" 2>/dev/null || true
-    fi
+    stop_pid "$pid"
     rm -f "$PIDFILE"
     log "down"
 }
