@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import time
 
@@ -35,7 +34,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from bench.common import QUICK, WORK, result
+from bench.common import QUICK, WORK, generate, result
 from pipelines.similarity import faiss_ops as ops
 from pipelines.similarity.build import BuildSpec, build_index
 from pipelines.similarity.policy import FALLBACKS, ResolverConfig
@@ -163,30 +162,8 @@ def stream_mix(users: int, days: int) -> str:
     """The generator's candidate stream replayed: path mix of its last day, two policies."""
     world = WORK / f"similarity-world-{users}-{days}"
     events, candidates = world / "events.parquet", world / "candidates.parquet"
-    if not candidates.exists():
-        world.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pipelines",
-                "generate",
-                "--users",
-                str(users),
-                "--days",
-                str(days),
-                "--seed",
-                "13",
-                "--output",
-                str(events),
-                "--candidates-output",
-                str(candidates),
-                "--requests",
-                str(users * 2),
-            ],
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
+    # events and candidates come from one generate run (reused while events.parquet exists)
+    generate(users, days, events, seed=13, flags=["--candidates-output", str(candidates), "--requests", str(users * 2)])
     truth = pq.read_table(world / "events.truth" / "users.parquet", columns=["user_id", "interest"])
     interest = np.stack(truth.column("interest").to_numpy(zero_copy_only=False)).astype(np.float32)
     interest /= np.linalg.norm(interest, axis=1, keepdims=True)
