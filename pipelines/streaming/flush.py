@@ -28,12 +28,13 @@ from typing import Any, Generic, TypeVar, cast
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipelines.streaming.state import (
-    COMPACT_EVERY,
     OFFSET,
     PARTITION,
     SHARD_STATES,
+    ShardHistories,
     flush_path,
     merge_shard,
     shard_lock,
@@ -65,10 +66,11 @@ def flush_shards(
 ) -> ShardFlush:
     """Merge each shard's buffered tables (EVENT + ``_partition``/``_offset``) into its histories.
 
-    The shards are merged together (one :func:`merge_shard` over their states:
-    users never span shards, so each history is the same, and the fixed cost of
-    a merge is paid once), then each shard gets its own flush file. The
-    watermark written is the merge's: the newest event time of all of them.
+    The shards are merged together (one :func:`merge_shard` over the touched users'
+    current rows: users never span shards, so each history is the same, and the fixed
+    cost of a merge is paid once), then each shard gets its own flush file: the changed
+    rows, or the whole shard when :meth:`ShardStates.needs_full` says so. The watermark
+    written is the merge's: the newest event time of all of them.
     """
     from pipelines.io.kafka.encode import histories_to_json
     from pipelines.io.shards import split_by_shard
@@ -78,18 +80,25 @@ def flush_shards(
     if not shards:
         return ShardFlush([], HISTORY.schema.empty_table())
     events = pa.concat_tables([t for s in shards for t in tables[s]])
+    touched = pc.unique(events.column("user_id"))
     with ExitStack() as locks:
         for s in shards:  # in shard order, so two writers never wait on each other
             locks.enter_context(shard_lock(output, s))  # the shard's files are the state (see shard_lock)
-        loaded = {s: SHARD_STATES.load(output, s) for s in shards}
-        merged = merge_shard(events, pa.concat_tables([loaded[s][0] for s in shards]), max_history=max_history)
-        changed, states = (dict(split_by_shard(t, num_shards)) for t in (merged.changed, merged.state))
+        loaded = {s: SHARD_STATES.open(output, s) for s in shards}
+        previous = pa.concat_tables([loaded[s].rows_of(touched) for s in shards])
+        merged = merge_shard(events, previous, max_history=max_history)
+        changed = dict(split_by_shard(merged.changed, num_shards))
         empty = merged.state.schema.empty_table()
         for s in shards:
-            full = loaded[s][1] >= COMPACT_EVERY
-            state = states.get(s, empty)
-            path = write_flush(state if full else changed.get(s, empty), flush_path(output, s, full=full))
-            SHARD_STATES.wrote(output, s, path, state, full=full)
+            rows = changed.get(s, empty)
+            full = SHARD_STATES.needs_full(output, s)
+            if full:  # the shard as it is after this flush
+                current = ShardHistories()
+                current.add(loaded[s].table())
+                current.add(rows)
+                rows = current.table()
+            path = write_flush(rows, flush_path(output, s, full=full))
+            SHARD_STATES.wrote(output, s, path, rows, full=full)
     if sink is not None:
         sink.send_many(histories_to_json(merged.changed))
         sink.flush()

@@ -25,7 +25,7 @@ from pipelines.io.files import match_files
 from pipelines.io.parquet import read_table
 from pipelines.io.shards import SHARD_GLOB, kind_glob
 from pipelines.io.snapshot import HISTORIES
-from pipelines.streaming.state import ShardStates, newest_rows
+from pipelines.streaming.state import ShardHistories, ShardStates, newest_rows
 from schemas.layouts import HISTORY
 
 __all__ = ["HistoryView"]
@@ -45,32 +45,33 @@ class HistoryView:
                 "--histories", f"{folder} is not a folder", "pass the --output folder of `stream` or of `features`"
             )
         self._streamed = not _is_snapshot(folder)  # a stream's folder may have no flush file yet
-        self._table = HISTORY.schema.empty_table()
-        self._shard_tables: list[pa.Table] = []
+        self._table = HISTORY.schema.empty_table()  # a snapshot's histories
+        self._shards: list[ShardHistories] = []  # a stream's, per shard
         self._loaded_at = -float("inf")
         self._load()
 
     @property
     def num_users(self) -> int:
-        return self._table.num_rows
+        return sum(h.num_users for h in self._shards) if self._streamed else self._table.num_rows
 
     def rows(self, user_ids: np.ndarray) -> pa.Table:
         """The current history rows of ``user_ids`` (reloading the flush files when due)."""
         if self._streamed and self._clock() - self._loaded_at >= self._refresh_s:
             self._load()
+        users = np.unique(user_ids)
+        if self._streamed:
+            with self._lock:
+                found = [h.rows_of(users) for h in self._shards]
+            table = pa.concat_tables([HISTORY.schema.empty_table(), *found])
+            return table.take(pc.sort_indices(table, [("user_id", "ascending")]))
         table = self._table
-        return table.filter(pc.is_in(table.column("user_id"), value_set=pa.array(np.unique(user_ids))))
+        return table.filter(pc.is_in(table.column("user_id"), value_set=pa.array(users)))
 
     def _load(self) -> None:
         with self._lock:
             if self._streamed:
                 shards = sorted(Path(self._folder, HISTORIES).glob(SHARD_GLOB))
-                tables = [self._states.load(self._folder, int(s.name.split("=")[1]))[0] for s in shards]
-                if len(tables) != len(self._shard_tables) or any(
-                    a is not b for a, b in zip(tables, self._shard_tables, strict=True)
-                ):  # a shard's state is a new table only when it read new files
-                    self._table = newest_rows([t for t in tables if t.num_rows])
-                    self._shard_tables = tables
+                self._shards = [self._states.open(self._folder, int(s.name.split("=")[1])) for s in shards]
             else:
                 files = match_files(kind_glob(self._folder, HISTORIES))
                 self._table = newest_rows([read_table(f, HISTORY) for f in files])

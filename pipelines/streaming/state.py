@@ -41,6 +41,7 @@ __all__ = [
     "SHARD_STATES",
     "OffsetLedger",
     "PendingEvents",
+    "ShardHistories",
     "ShardMerge",
     "ShardStates",
     "flush_path",
@@ -52,9 +53,12 @@ __all__ = [
     "write_flush",
 ]
 
-#: Every this many flush files of a shard, the next flush writes the whole shard (a ``full-`` file),
-#: so reading a shard's state stays bounded.
-COMPACT_EVERY = 32
+#: A flush writes the whole shard (a ``full-`` file) once the flush files since the last full one
+#: hold this many times the shard's live rows, or number :data:`MAX_FLUSH_FILES`: reading a
+#: shard back costs at most about (1 + this) times its state, and writing full files costs a
+#: constant factor per changed row (not a whole shard every few flushes).
+COMPACT_RATIO = 2
+MAX_FLUSH_FILES = 256
 
 #: Columns the stream adds to EVENT tables so that flushed events can be acknowledged.
 PARTITION, OFFSET = "_partition", "_offset"
@@ -166,40 +170,118 @@ def shard_lock(output: str, shard: int) -> AbstractContextManager[None]:
     return path_lock(Path(shard_dir(output, HISTORIES, shard)))
 
 
-class ShardStates:
-    """Each shard's current histories, kept in memory between the flushes of this process.
+class ShardHistories:
+    """One shard's histories as append-only HISTORY chunks; each user's current row is its newest.
 
-    The shard's files stay the truth: :meth:`load` (call it under :func:`shard_lock`)
-    lists them and reads only those it has not seen yet, so a flush costs a
-    directory listing instead of re-reading up to ``COMPACT_EVERY`` Parquet files,
-    which would be most of a flush's time. A file it did not
-    write (another process, a restarted job, an out-of-order name) makes it read
-    the new files, or all of them when the listing no longer extends what it saw.
+    ``add`` appends a chunk without copying what is there; ``rows_of`` gathers only the asked
+    users' rows. So a flush costs the touched users' histories, not the shard's: merging a
+    thousand events into a shard of two million cost 1.1 s as filter + concat + sort of the
+    whole state, and 43 ms this way. Chunks are compacted into one once the superseded rows
+    outnumber the live ones (a cost proportional to the rows added since).
     """
 
     def __init__(self) -> None:
-        self._seen: dict[tuple[str, int], tuple[tuple[Path, ...], pa.Table]] = {}
+        self._chunks: list[pa.Table] = []
+        self._where: dict[int, tuple[int, int]] = {}  # user -> (chunk, row) of the newest row
+        self._stale = 0
+
+    @property
+    def num_users(self) -> int:
+        return len(self._where)
+
+    def add(self, table: pa.Table) -> None:
+        """``table`` (HISTORY) becomes the newest row of each of its users."""
+        if not table.num_rows:
+            return
+        chunk = len(self._chunks)
+        self._chunks.append(conform(table, HISTORY))
+        for row, user in enumerate(table.column("user_id").to_pylist()):
+            self._stale += self._where.get(user) is not None
+            self._where[user] = (chunk, row)
+        if self._stale > len(self._where) or len(self._chunks) > MAX_FLUSH_FILES:
+            live = self._gather(None)
+            self._chunks, self._where, self._stale = [], {}, 0
+            self.add(live)
+
+    def rows_of(self, users: pa.Array | np.ndarray | list[int]) -> pa.Table:
+        """The current rows of those of ``users`` held here (sorted by user)."""
+        ids = users.to_pylist() if isinstance(users, pa.Array | pa.ChunkedArray) else np.asarray(users).tolist()
+        return self._gather(sorted({u for u in ids if u in self._where}))
+
+    def table(self) -> pa.Table:
+        """Every user's current row, sorted by user."""
+        return self._gather(None)
+
+    def _gather(self, users: list[int] | None) -> pa.Table:
+        users = sorted(self._where) if users is None else users
+        if not users:
+            return HISTORY.schema.empty_table()
+        where = np.asarray([self._where[u] for u in users], dtype=np.int64)
+        parts, order = [], []
+        for chunk in np.unique(where[:, 0]):
+            picked = np.flatnonzero(where[:, 0] == chunk)
+            parts.append(self._chunks[chunk].take(pa.array(where[picked, 1])))
+            order.append(picked)
+        table = pa.concat_tables(parts)
+        return conform(table.take(pa.array(np.argsort(np.concatenate(order), kind="stable"))), HISTORY)
+
+
+@dataclass
+class _Loaded:
+    files: tuple[Path, ...] = ()
+    rows: tuple[int, ...] = ()  # rows of each file
+    histories: ShardHistories = field(default_factory=ShardHistories)
+
+
+class ShardStates:
+    """Each shard's current histories, kept in memory between the flushes of this process.
+
+    The shard's files stay the truth: :meth:`open` (call it under :func:`shard_lock`)
+    lists them and reads only those it has not seen yet, so a flush costs a
+    directory listing instead of re-reading the shard's flush files, which would
+    be most of a flush's time. A file it did not write (another process, a
+    restarted job, an out-of-order name) makes it read the new files, or all of
+    them when the listing no longer extends what it saw.
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, int], _Loaded] = {}
+
+    def open(self, output: str, shard: int) -> ShardHistories:
+        """The shard's histories, up to date with its files (the object is this cache's: add nothing to it)."""
+        files = tuple(_shard_files(output, shard))
+        loaded = self._seen.get((output, shard))
+        if loaded is None or files[: len(loaded.files)] != loaded.files:
+            loaded = _Loaded()
+        for f in files[len(loaded.files) :]:
+            table = read_table(str(f), HISTORY)
+            loaded.histories.add(table)
+            loaded = _Loaded((*loaded.files, f), (*loaded.rows, table.num_rows), loaded.histories)
+        self._seen[(output, shard)] = loaded
+        return loaded.histories
 
     def load(self, output: str, shard: int) -> tuple[pa.Table, int]:
-        """(the shard's HISTORY state, how many files it spans)."""
-        files = tuple(_shard_files(output, shard))
-        known, state = self._seen.get((output, shard), ((), None))
-        if state is None or files[: len(known)] != known:
-            known, state = (), None
-        new = [read_table(str(f), HISTORY) for f in files[len(known) :]]
-        if new or state is None:
-            state = newest_rows(new if state is None else [state, *new])
-        self._seen[(output, shard)] = (files, state)
-        return state, len(files)
+        """(the shard's HISTORY state as one table, how many files it spans)."""
+        histories = self.open(output, shard)
+        return histories.table(), len(self._seen[(output, shard)].files)
+
+    def needs_full(self, output: str, shard: int) -> bool:
+        """Whether the shard's next flush should write a ``full-`` file (see :data:`COMPACT_RATIO`)."""
+        loaded = self._seen.get((output, shard), _Loaded())
+        since_full = sum(loaded.rows[1:] if loaded.files and loaded.files[0].name.startswith("full-") else loaded.rows)
+        return len(loaded.files) >= MAX_FLUSH_FILES or since_full > COMPACT_RATIO * max(loaded.histories.num_users, 1)
 
     def users(self) -> int:
         """Users held in memory over every shard (the streaming job's state size)."""
-        return sum(state.num_rows for _, state in self._seen.values())
+        return sum(loaded.histories.num_users for loaded in self._seen.values())
 
-    def wrote(self, output: str, shard: int, path: str, state: pa.Table, *, full: bool) -> None:
-        """Record that ``path`` was written and that ``state`` is now the shard's state."""
-        known = () if full else self._seen.get((output, shard), ((), None))[0]
-        self._seen[(output, shard)] = ((*known, Path(path)), state)
+    def wrote(self, output: str, shard: int, path: str, rows: pa.Table, *, full: bool) -> None:
+        """Record that ``path`` was written with ``rows`` (with ``full``: the shard's whole state)."""
+        loaded = _Loaded() if full else self._seen.get((output, shard), _Loaded())
+        loaded.histories.add(rows)
+        self._seen[(output, shard)] = _Loaded(
+            (*loaded.files, Path(path)), (*loaded.rows, rows.num_rows), loaded.histories
+        )
 
 
 class PendingEvents:

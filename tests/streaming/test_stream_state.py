@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,12 +14,14 @@ from pipelines.features.histories import build_histories
 from pipelines.streaming.state import (
     OffsetLedger,
     PendingEvents,
+    ShardHistories,
     ShardStates,
     flush_path,
     latest_histories,
     merge_shard,
     write_flush,
 )
+from schemas.layouts import HISTORY
 from tests.features.factories import event, events_table
 
 
@@ -127,6 +130,40 @@ def test_cached_shard_state_follows_the_files_whoever_writes_them(tmp_path: Path
     write_flush(late.changed, flush_path(out, 0, 0))
     assert states.load(out, 0)[0].equals(latest_histories(out, 0))
     assert states.load(out, 0)[1] == 3  # the last full file (stamp 6), then stamps 7 and 50; 0 is before it
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**32), st.lists(st.integers(1, 40), min_size=1, max_size=12))
+def test_shard_histories_hold_each_users_newest_row_through_compactions(seed: int, sizes: list[int]) -> None:
+    rng = np.random.default_rng(seed)
+    histories, reference = ShardHistories(), HISTORY.schema.empty_table()
+    for k, n in enumerate(sizes):  # every flush's changed rows, as the stream adds them
+        merged = merge_shard(_events(rng, n, f"f{k}-"), reference, max_history=20)
+        histories.add(merged.changed)
+        reference = merged.state
+        assert histories.table().equals(reference)
+        assert histories.num_users == reference.num_rows
+    asked = np.asarray([5, 0, 3, 99], np.int64)  # 99 is nobody: left out
+    wanted = reference.filter(pc.is_in(reference["user_id"], value_set=pa.array(asked)))
+    assert histories.rows_of(asked).equals(wanted)
+    assert histories.rows_of([]).num_rows == 0
+
+
+def test_a_full_file_is_due_once_flush_files_outgrow_the_state(tmp_path: Path) -> None:
+    out, rng, states = str(tmp_path), np.random.default_rng(5), ShardStates()
+    state, clock = None, iter(range(1, 1000))
+    flushes = 0
+    while not states.needs_full(out, 0):
+        merged = merge_shard(_events(rng, 4, f"x{flushes}-"), state, max_history=20)
+        path = write_flush(merged.changed, flush_path(out, 0, next(clock)))
+        states.wrote(out, 0, path, merged.changed, full=False)
+        state, flushes = merged.state, flushes + 1
+    assert 1 < flushes < 50  # the flush files hold more than twice the shard's rows (6 users) by now
+    path = write_flush(state, flush_path(out, 0, next(clock), full=True))
+    states.wrote(out, 0, path, state, full=True)
+    assert not states.needs_full(out, 0)
+    loaded, files = ShardStates().load(out, 0)  # a restart reads the full file only
+    assert files == 1 and loaded.equals(state)
 
 
 def test_pending_events_are_due_once_the_oldest_has_waited() -> None:
