@@ -182,6 +182,12 @@ def _report(
 ) -> None:
     lost, doubled, users = check
     during = [s for s in samples if s["t"] <= produced_s] or samples
+    step = max(1, len(during) // 12)
+    print(
+        "lag over time (s: messages/seconds behind): "
+        + ", ".join(f"{s['t']:.0f}: {s['lag']:,.0f}/{s['lag_s']:.1f}" for s in during[::step]),
+        flush=True,
+    )
     lag_s = np.array([s["lag_s"] for s in during])
     lag = np.array([s["lag"] for s in during])
     warm, end = during[max(0, len(during) // 5 - 1)]["rss"], during[-1]["rss"]
