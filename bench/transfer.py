@@ -217,12 +217,13 @@ def main() -> None:
     )
     report = transfer_ratio(features, model, root / "report")
     v = report["variants"]
-    for name in ("distilled", "reps", "reps_int8", "reps_pca16", "reps_distilled"):
+    for name in ("distilled", "reps", "reps_int8", "reps_pca16", "reps_distilled", "reps_similar"):
         print(
             f"{name:<15} AUC {v[name]['auc']:.4f} gain {v[name]['auc_gain']:+.4f} "
             f"[{v[name]['auc_gain_p05']:+.4f}, {v[name]['auc_gain_p95']:+.4f}]"
         )
     print(report["verdict"])
+    print(f"holdout rows per fallback path: main {report['paths']['main']}; similar {report['paths']['similar']}")
     result(
         "transfer",
         float(report["transfer_ratio"]),

@@ -47,6 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.8,
         help="share of (user, ad) pairs the candidate sets covered, so precomputed (default: %(default)s)",
     )
+    parser.add_argument(
+        "--index-users",
+        type=int,
+        default=1000,
+        help="users in each snapshot's similar-users index (a stable sample of those with a history "
+        "before the tick; serving indexes every user) (default: %(default)s)",
+    )
     flags.add_device(parser, "GEM's snapshots and the rankers", default="cpu", why="; the same bits on every machine")
     parser.add_argument("--threads", type=int, default=1, help="torch threads on CPU (default: 1)")
     parser.add_argument("--direct", action="store_true", help="compute the as-of features in-process, without Beam")
@@ -67,7 +74,7 @@ def _surface(value: str | None) -> int | None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    for name in ("seeds", "max_train", "max_holdout", "epochs", "threads"):
+    for name in ("seeds", "max_train", "max_holdout", "epochs", "threads", "index_users"):
         if getattr(args, name) < 1:
             raise ConfigError("--" + name.replace("_", "-"), f"got {getattr(args, name)}", "pass a positive number")
     if not 0 <= args.pair_coverage <= 1:
@@ -127,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
         ),
         cadence_ms=cadence_ms,
         pair_coverage=args.pair_coverage,
+        index_users=args.index_users,
         device=args.device,
         use_beam=not args.direct,
         beam_options=None if args.direct else pipeline_options(args, args.beam_args),

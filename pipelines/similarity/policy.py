@@ -127,16 +127,21 @@ def pick_paths(
     *,
     pair_found: np.ndarray,
     pair_age: np.ndarray,
-    user_found: bool,
-    user_age: float,
+    user_found: bool | np.ndarray,
+    user_age: float | np.ndarray,
     neighbors_used: np.ndarray,
 ) -> np.ndarray:
-    """``(A,) int8`` path codes (:class:`FallbackPath`) from what the store returned (ages in seconds)."""
+    """``(A,) int8`` path codes (:class:`FallbackPath`) from what the store returned (ages in seconds).
+
+    ``user_found`` / ``user_age``: one request's user-level record (scalars), or one per row ``(A,)``
+    when the rows are examples of many users (:func:`pipelines.transfer.asof.resolve_paths`)."""
     n = len(pair_found)
     path = np.full(n, FallbackPath.NONE, dtype=np.int8)
+    with np.errstate(invalid="ignore"):  # NaN ages (nothing found) compare False
+        user_ok = np.asarray(user_found, bool) & (np.asarray(user_age, np.float64) <= config.fallback_max_age_s)
     options = [
-        (FallbackPath.SIMILAR_USERS, neighbors_used >= config.min_neighbors),
-        (FallbackPath.SAME_USER, np.full(n, user_found and user_age <= config.fallback_max_age_s)),
+        (FallbackPath.SIMILAR_USERS, np.asarray(neighbors_used) >= config.min_neighbors),
+        (FallbackPath.SAME_USER, np.broadcast_to(user_ok, (n,))),
         (FallbackPath.SAME_USER_PAIR, pair_found & (pair_age <= config.fallback_max_age_s)),
         (FallbackPath.EXACT, pair_found & (pair_age <= config.max_age_s)),
     ]

@@ -122,14 +122,27 @@ class UserIndex:
     def neighbors(self, user_ids: np.ndarray, k: int) -> Neighbors:
         """The ``k`` nearest other users of each user, one search for all; none for unknown users."""
         users = np.asarray(user_ids, dtype=np.int64)
-        out_ids = np.full((len(users), k), -1, dtype=np.int64)
-        out_sim = np.full((len(users), k), np.nan, dtype=np.float32)
-        rows = np.flatnonzero((pos := self.positions_of(users)) >= 0)
-        if len(rows) == 0:
+        pos = self.positions_of(users)
+        queries = np.zeros((len(users), self.dim), np.float32)
+        found = pos >= 0
+        queries[found] = self.vectors[pos[found]]
+        return self.nearest(queries, k, own=pos, searched=found)
+
+    def nearest(
+        self, queries: np.ndarray, k: int, *, own: np.ndarray | None = None, searched: np.ndarray | None = None
+    ) -> Neighbors:
+        """The ``k`` nearest indexed users of each query vector ``(Q, D)``, one search for all; the
+        position ``own (Q,)`` of each query's user (-1: not indexed) is never among its answers, and
+        rows where ``searched (Q,)`` is False get none."""
+        n = len(queries)
+        own = np.full(n, -1, np.int64) if own is None else np.asarray(own, np.int64)
+        out_ids = np.full((n, k), -1, dtype=np.int64)
+        out_sim = np.full((n, k), np.nan, dtype=np.float32)
+        rows = np.arange(n) if searched is None else np.flatnonzero(searched)
+        if len(rows) == 0 or len(self) == 0:
             return Neighbors(out_ids, out_sim)
-        queries = np.asarray(self.vectors[pos[rows]], dtype=np.float32)
-        scores, found = self.search(queries, min(k + 1, len(self)))
-        keep = (found >= 0) & (found != pos[rows][:, None])
+        scores, found = self.search(np.asarray(queries[rows], dtype=np.float32), min(k + 1, len(self)))
+        keep = (found >= 0) & (found != own[rows][:, None])
         order = np.argsort(~keep, axis=1, kind="stable")[:, :k]  # kept ones first, nearest first
         taken = np.take_along_axis(found, order, axis=1)
         valid = np.take_along_axis(keep, order, axis=1)

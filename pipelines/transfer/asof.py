@@ -7,7 +7,8 @@ read only a representation computed **strictly before** ``t`` (minus an optional
 to study staleness): the feature store's "historical features" guarantee, for
 representations. :func:`asof_join` gives each example the newest such snapshot of its
 key and its age; :func:`resolve_paths` then applies the project's fallback policy
-(:mod:`pipelines.similarity.policy`) per row, as the serving resolver would.
+(:mod:`pipelines.similarity.policy`) per row, as the serving resolver would (its similar-users
+step, which needs a snapshot's user index, is :mod:`pipelines.transfer.similar`).
 
 Everything here is numpy over plain arrays, so the same code runs in a test, in a
 notebook and inside the Beam pipeline (:mod:`pipelines.transfer.pipeline`).
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipelines.similarity.policy import FallbackPath, ResolverConfig
+from pipelines.similarity.policy import ResolverConfig, pick_paths
 
 __all__ = [
     "AsOf",
@@ -187,24 +188,20 @@ def resolve_paths(
     pair_age_s: np.ndarray,
     user_found: np.ndarray,
     user_age_s: np.ndarray,
+    neighbors_used: np.ndarray | None = None,
 ) -> np.ndarray:
-    """``(N,) int8`` :class:`FallbackPath` of each example, the serving resolver's policy
-    (:func:`pipelines.similarity.policy.pick_paths`) applied row by row: the exact pair when at
+    """``(N,) int8`` :class:`FallbackPath` of each example: the serving resolver's policy
+    (:func:`pipelines.similarity.policy.pick_paths`) with one user per row. The exact pair when at
     most ``max_age_s`` old, else the same pair up to ``fallback_max_age_s``, else the same user's
-    user-level representation up to ``fallback_max_age_s``, else none. The similar-users path is
-    not taken here (it needs the k nearest users' pair representations of the same ad at the
-    same snapshot, which the transfer stage does not compute)."""
-    pair_found = np.asarray(pair_found, bool)
-    user_found = np.asarray(user_found, bool)
-    pair_age = np.asarray(pair_age_s, np.float64)
-    user_age = np.asarray(user_age_s, np.float64)
-    path = np.full(len(pair_found), FallbackPath.NONE, np.int8)
-    options = [
-        (FallbackPath.SAME_USER, user_found & (user_age <= config.fallback_max_age_s)),
-        (FallbackPath.SAME_USER_PAIR, pair_found & (pair_age <= config.fallback_max_age_s)),
-        (FallbackPath.EXACT, pair_found & (pair_age <= config.max_age_s)),
-    ]
-    for code, ok in options:  # lowest priority first; better paths overwrite
-        if config.allows(code):
-            path[ok] = code
-    return path
+    user-level representation up to ``fallback_max_age_s``, else the similar users' blend when
+    ``neighbors_used (N,)`` reaches ``min_neighbors`` (none counted: 0,
+    :mod:`pipelines.transfer.similar` takes that step), else none."""
+    n = len(pair_found)
+    return pick_paths(
+        config,
+        pair_found=np.asarray(pair_found, bool),
+        pair_age=np.asarray(pair_age_s, np.float64),
+        user_found=np.asarray(user_found, bool),
+        user_age=np.asarray(user_age_s, np.float64),
+        neighbors_used=np.zeros(n, np.int64) if neighbors_used is None else np.asarray(neighbors_used),
+    )

@@ -8,7 +8,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -20,10 +20,10 @@ from pipelines.model.gem import GemModel
 from pipelines.model.inputs import HistoryIndex
 from pipelines.model.train.data import load_features
 from pipelines.model.train.loop import predict
-from pipelines.similarity.policy import ResolverConfig
+from pipelines.similarity.policy import FallbackPath, ResolverConfig
 from pipelines.transfer.data import Splits, VerticalSpec, prepare_splits
 from pipelines.transfer.report import build_report, json_safe, plot_report
-from pipelines.transfer.snapshots import AsOfSetting, RepFeatures, examples_asof
+from pipelines.transfer.snapshots import AsOfSetting, RepFeatures, settings_asof
 from pipelines.transfer.variants import MAIN, SPLITS, VariantPlan, run_variants
 
 log = logging.getLogger(__name__)
@@ -33,6 +33,7 @@ __all__ = ["TransferConfig", "as_of_settings", "gem_teacher", "run_transfer"]
 REPORT_NAME = "report.json"
 PLOT_NAME = "transfer.png"
 AGES_MS = {"age_1h": HOUR_MS, "age_1d": DAY_MS, "age_7d": 7 * DAY_MS}
+SIMILAR = "similar"
 
 
 @dataclass(frozen=True)
@@ -46,19 +47,24 @@ class TransferConfig:
     plan: VariantPlan = field(default_factory=VariantPlan)
     cadence_ms: int = 6 * HOUR_MS
     pair_coverage: float = 0.8
+    index_users: int = 1000
     device: str = "cpu"
     use_beam: bool = True
     beam_options: object | None = None  # PipelineOptions (pipelines.runners.pipeline_options); None: local
     runner: object | None = None
 
 
-def as_of_settings(cadence_ms: int, coverage: float) -> list[AsOfSetting]:
+def as_of_settings(cadence_ms: int, coverage: float, index_users: int = 1000) -> list[AsOfSetting]:
     """``main``: snapshots every ``cadence_ms``, read as soon as computed (ages up to one cadence);
-    ``age_X``: hourly snapshots read only once at least X old. Exact pairs up to one cadence old,
-    older ones (and user-level ones) up to 8 days, so the 7-day variant still has representations."""
+    ``age_X``: hourly snapshots read only once at least X old; ``similar``: ``main``'s snapshots
+    through the chain without its same-user step, so uncovered pairs take the similar-users path.
+    Exact pairs up to one cadence old, older ones (and user-level ones, and neighbours' pairs) up to
+    8 days, so the 7-day variant still has representations; k = 10 neighbours, as serving."""
     policy = ResolverConfig(max_age_s=cadence_ms / 1000.0, fallback_max_age_s=8 * 86_400.0)
-    settings = [AsOfSetting(MAIN, cadence_ms, 0, coverage, policy)]
-    settings += [AsOfSetting(name, HOUR_MS, lag, coverage, policy) for name, lag in AGES_MS.items()]
+    similar = replace(policy, paths=("same_user_pair", "similar_users"))
+    settings = [AsOfSetting(MAIN, cadence_ms, 0, coverage, policy, index_users)]
+    settings += [AsOfSetting(name, HOUR_MS, lag, coverage, policy, index_users) for name, lag in AGES_MS.items()]
+    settings.append(AsOfSetting(SIMILAR, cadence_ms, 0, coverage, similar, index_users))
     return settings
 
 
@@ -74,11 +80,12 @@ def gem_teacher(model: GemModel, task: str) -> Callable[[Splits], np.ndarray]:
 def _features_direct(
     model: GemModel, index: HistoryIndex, splits: Splits, settings: list[AsOfSetting]
 ) -> dict[str, dict[str, RepFeatures]]:
-    out: dict[str, dict[str, RepFeatures]] = {}
-    for setting in settings:
+    out: dict[str, dict[str, RepFeatures]] = {s.name: {} for s in settings}
+    for split in SPLITS:
         start = time.monotonic()
-        out[setting.name] = {s: examples_asof(model, index, getattr(splits, s).rows, setting) for s in SPLITS}
-        log.info("as-of features %s in %.1f s", setting.name, time.monotonic() - start)
+        for name, features in settings_asof(model, index, getattr(splits, split).rows, settings).items():
+            out[name][split] = features
+        log.info("as-of features of the %s split in %.1f s", split, time.monotonic() - start)
     return out
 
 
@@ -89,6 +96,11 @@ def _mean_age_h(features: dict[str, dict[str, RepFeatures]]) -> dict[str, float]
         name = "reps" if setting == MAIN else f"reps_{setting}"
         ages[name] = float(np.nanmean(age) / 3600.0) if np.isfinite(age).any() else float("nan")
     return ages
+
+
+def _path_share(features: dict[str, dict[str, RepFeatures]], path: FallbackPath) -> dict[str, float]:
+    """Per setting, the share of holdout rows whose pair slot took ``path``."""
+    return {name: float(np.mean(f["holdout"].path == path)) for name, f in features.items()}
 
 
 def run_transfer(config: TransferConfig) -> dict[str, Any]:
@@ -102,7 +114,7 @@ def run_transfer(config: TransferConfig) -> dict[str, Any]:
     task = config.vertical.task
     model = load_model(config.model, device=config.device)
     clock["data"] = time.monotonic()
-    settings = as_of_settings(config.cadence_ms, config.pair_coverage)
+    settings = as_of_settings(config.cadence_ms, config.pair_coverage, config.index_users)
     if config.use_beam:
         from pipelines.transfer.pipeline import run_asof_pipeline
 
@@ -146,8 +158,10 @@ def run_transfer(config: TransferConfig) -> dict[str, Any]:
             }
             for s in settings
         ],
-        "fallback_paths_taken": "exact, same_user_pair, same_user, none (zeros + the path one-hot); "
-        "similar_users is not computed",
+        "fallback_paths_taken": "exact, same_user_pair, same_user, similar_users (the k nearest users in the "
+        "snapshot's own index, their pairs of the same ad from that snapshot), none (zeros + the path one-hot)",
+        "similar_users_share": _path_share(features, FallbackPath.SIMILAR_USERS),
+        "index_users": config.index_users,
         "plan": {**asdict(config.plan), "ranker": asdict(config.plan.ranker)},
         "seconds": {k: round(clock[k] - clock["start"], 1) for k in clock if k != "start"},
     }

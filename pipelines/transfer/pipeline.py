@@ -4,17 +4,20 @@
 
     (shard, examples of the shard's users) ─ ParDo(AsOfShard: model loaded in setup, the shard's
         histories read, snapshots planned and computed, joined and resolved per setting)
-        ─► asof_features rows ─ WriteShard ─► DIR/shard=NNNNN/part-00000.parquet
+        ─► (setting, (shard, examples, features)) ─ GroupByKey(setting)
+        ─ ParDo(SimilarUsers: the similar-users step over every shard's rows of the setting, which
+        needs the snapshot's index of every user and the neighbours' histories, in any shard)
+        ─► asof_features rows ─ WriteShard ─► DIR/shard=NNNNN/part-SETTING.parquet
 
-The logic is :func:`pipelines.transfer.snapshots.examples_asof` (pure numpy + the model's inference
-path); this module only moves Arrow tables. :func:`run_asof_pipeline` runs it and reads the
-features back for the variants.
+The logic is :func:`pipelines.transfer.snapshots.settings_asof` (pure numpy + the model's inference
+path), cut in its two steps; this module only moves Arrow tables. :func:`run_asof_pipeline` runs
+it and reads the features back for the variants.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +37,7 @@ from schemas.layouts import ASOF_FEATURES, HISTORY
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AsOfShard", "features_table", "read_features", "run_asof_pipeline", "tag_examples"]
+__all__ = ["AsOfShard", "SimilarUsers", "features_table", "read_features", "run_asof_pipeline", "tag_examples"]
 
 SPLIT_NAMES = ("train", "validation", "holdout")
 
@@ -80,9 +83,10 @@ def features_table(setting: str, examples: pa.Table, f: RepFeatures) -> pa.Table
     )
 
 
-def _shard_histories(features_dir: str, shard: int) -> pa.Table:
-    """One shard's histories (an empty HISTORY table when the shard holds no user)."""
-    paths = match_files(shard_dir(features_dir, "histories", shard) + "/*.parquet")
+def _shard_histories(features_dir: str, shard: int | None) -> pa.Table:
+    """One shard's histories, or every shard's (``None``); an empty HISTORY table when none."""
+    pattern = f"{features_dir}/histories/shard=*" if shard is None else shard_dir(features_dir, "histories", shard)
+    paths = match_files(pattern + "/*.parquet")
     if not paths:
         return HISTORY.schema.empty_table()
     return pa.concat_tables(read_table(p, HISTORY) for p in paths)
@@ -103,26 +107,69 @@ class AsOfShard(beam.DoFn):
         self.model = load_model(self.model_dir, device=self.device)
         self.computed = beam.metrics.Metrics.counter("transfer", "asof_rows")
 
-    def process(self, element: tuple[int, pa.Table]) -> Iterator[tuple[int, pa.Table]]:
+    def process(self, element: tuple[int, pa.Table]) -> Iterator[tuple[str, tuple[int, pa.Table, RepFeatures]]]:
         from pipelines.model.inputs import HistoryIndex
-        from pipelines.transfer.snapshots import examples_asof
+        from pipelines.transfer.snapshots import base_features, example_keys
 
         shard, examples = element
         index = HistoryIndex(_shard_histories(self.features_dir, shard))
-        tables = []
+        base = base_features(self.model, index, example_keys(examples), self.settings, 0)
         for setting in self.settings:
-            tables.append(features_table(setting.name, examples, examples_asof(self.model, index, examples, setting)))
             self.computed.inc(examples.num_rows)
-        yield shard, pa.concat_tables(tables)
+            yield setting.name, (shard, examples, base[setting.name])
+
+
+class SimilarUsers(beam.DoFn):
+    """``(setting, [(shard, examples, features)])`` -> ``(shard, setting, ASOF_FEATURES table)`` per
+    shard, after the similar-users step over all of the setting's rows (every user's histories are
+    read only when some row needs it)."""
+
+    def __init__(self, features_dir: str, model_dir: str, settings: Sequence[AsOfSetting], device: str = "cpu") -> None:
+        self.features_dir = features_dir
+        self.model_dir = model_dir
+        self.settings = {s.name: s for s in settings}
+        self.device = device
+
+    def setup(self) -> None:
+        from pipelines.model.checkpoint import load_model
+
+        self.model = load_model(self.model_dir, device=self.device)
+        self.everyone: Any = None
+        self.answered = beam.metrics.Metrics.counter("transfer", "similar_users_rows")
+
+    def process(
+        self, element: tuple[str, Iterable[tuple[int, pa.Table, RepFeatures]]]
+    ) -> Iterator[tuple[int, str, pa.Table]]:
+        from pipelines.model.inputs import HistoryIndex
+        from pipelines.similarity.policy import FallbackPath
+        from pipelines.transfer.similar import needs_neighbours
+        from pipelines.transfer.snapshots import example_keys, model_neighbours, with_similar_users
+
+        name, grouped = element
+        setting = self.settings[name]
+        parts = sorted(grouped, key=lambda part: part[0])
+        examples = pa.concat_tables([p[1] for p in parts])
+        features = RepFeatures.concat([p[2] for p in parts])
+        if (needs_neighbours(setting.policy, features.path) & np.isfinite(features.user_age_s)).any():
+            if self.everyone is None:
+                self.everyone = HistoryIndex(_shard_histories(self.features_dir, None))
+            source = model_neighbours(self.model, self.everyone, setting)
+            features = with_similar_users(example_keys(examples), features, setting, source)
+            self.answered.inc(int((features.path == FallbackPath.SIMILAR_USERS).sum()))
+        start = 0
+        for shard, part, _ in parts:
+            rows = np.arange(start, start + part.num_rows)
+            start += part.num_rows
+            yield shard, name, features_table(name, part, features.take(rows))
 
 
 class _WriteShard(beam.DoFn):
     def __init__(self, output: str) -> None:
         self.output = output
 
-    def process(self, element: tuple[int, pa.Table]) -> Iterator[str]:
-        shard, table = element
-        path = Path(self.output) / f"shard={shard:05d}" / "part-00000.parquet"
+    def process(self, element: tuple[int, str, pa.Table]) -> Iterator[str]:
+        shard, setting, table = element
+        path = Path(self.output) / f"shard={shard:05d}" / f"part-{setting}.parquet"
         path.parent.mkdir(parents=True, exist_ok=True)
         write_table(table, str(path), ASOF_FEATURES)
         yield str(path)
@@ -197,7 +244,7 @@ def run_asof_pipeline(
     device: str = "cpu",
 ) -> dict[str, dict[str, RepFeatures]]:
     """Run the pipeline over every split's examples (keyed by the features' user shards), write
-    ``output/shard=NNNNN/part-00000.parquet`` and read the features back. ``options``/``runner``:
+    ``output/shard=NNNNN/part-SETTING.parquet`` and read the features back. ``options``/``runner``:
     from :mod:`pipelines.runners` (default: Beam's in-process FnApiRunner)."""
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
@@ -211,6 +258,8 @@ def run_asof_pipeline(
             p
             | "Examples" >> beam.Create(by_shard)
             | "AsOfShard" >> beam.ParDo(AsOfShard(features_dir, model_dir, settings, device))
+            | "BySetting" >> beam.GroupByKey()
+            | "SimilarUsers" >> beam.ParDo(SimilarUsers(features_dir, model_dir, settings, device))
             | "WriteShard" >> beam.ParDo(_WriteShard(out))
         )
     return read_features(out, splits, settings)

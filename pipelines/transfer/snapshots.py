@@ -6,7 +6,8 @@ one-ad candidate request at the tick, cut by the precompute stage's own batch bu
 (events strictly before the tick), so a snapshot is what the precompute stage would have
 written at that moment. :func:`asof_features` joins examples to them
 (:func:`~pipelines.transfer.asof.asof_join`) and resolves what serving would hand the
-downstream model (:func:`~pipelines.transfer.asof.resolve_paths`).
+downstream model (:func:`~pipelines.transfer.asof.resolve_paths`); :func:`with_similar_users`
+takes the chain's similar-users step (:mod:`pipelines.transfer.similar`) for what is left.
 """
 
 from __future__ import annotations
@@ -21,9 +22,38 @@ from pipelines.model.gem import GemModel
 from pipelines.model.inputs import HistoryIndex
 from pipelines.similarity.model_reps import PairQueries, pair_reps
 from pipelines.similarity.policy import PATHS, FallbackPath, ResolverConfig
-from pipelines.transfer.asof import NO_AD, SnapshotKeys, asof_join, covered_pairs, plan_snapshots, resolve_paths
+from pipelines.similarity.vectors import UserVectors
+from pipelines.transfer.asof import (
+    NO_AD,
+    SnapshotKeys,
+    asof_join,
+    covered_pairs,
+    plan_snapshots,
+    resolve_paths,
+    snapshot_tick,
+)
+from pipelines.transfer.similar import (
+    ExampleKeys,
+    NeighbourSource,
+    needs_neighbours,
+    similar_paths,
+    similar_users,
+    stable_sample,
+)
 
-__all__ = ["AsOfSetting", "RepFeatures", "Snapshots", "asof_features", "compute_snapshots", "examples_asof"]
+__all__ = [
+    "AsOfSetting",
+    "RepFeatures",
+    "Snapshots",
+    "asof_features",
+    "base_features",
+    "compute_snapshots",
+    "example_keys",
+    "examples_asof",
+    "model_neighbours",
+    "settings_asof",
+    "with_similar_users",
+]
 
 
 @dataclass(frozen=True)
@@ -63,7 +93,8 @@ def compute_snapshots(model: GemModel, index: HistoryIndex, keys: SnapshotKeys) 
 class RepFeatures:
     """What serving hands the downstream model for N examples: ``user (N, R)`` the as-of user-level
     representation (zeros where none), ``pair (N, R)`` the resolved pair slot (the exact or an older
-    pair representation, or the user representation on the same-user path, zeros for none),
+    pair representation, the user representation on the same-user path, the neighbours' blend on
+    the similar-users path, zeros for none),
     ``path (N,) int8`` (:class:`FallbackPath`), ``user_age_s, pair_age_s (N,)`` (NaN where none)."""
 
     user: np.ndarray
@@ -80,6 +111,10 @@ class RepFeatures:
         return RepFeatures(
             self.user[rows], self.pair[rows], self.path[rows], self.user_age_s[rows], self.pair_age_s[rows]
         )
+
+    @classmethod
+    def concat(cls, parts: list[RepFeatures]) -> RepFeatures:
+        return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in cls.__dataclass_fields__))
 
 
 def asof_features(
@@ -127,13 +162,20 @@ def asof_features(
 class AsOfSetting:
     """How one set of as-of features is made: snapshots every ``cadence_ms`` of event time, read by an
     example at ``t`` only if computed strictly before ``t - lag_ms``; pairs covered by the funnel's
-    candidate sets with probability ``coverage``; the fallback ``policy``."""
+    candidate sets with probability ``coverage``; the fallback ``policy``; the similar-users index of
+    a snapshot holds at most ``index_users`` users (:mod:`pipelines.transfer.similar`)."""
 
     name: str
     cadence_ms: int
     lag_ms: int
     coverage: float
     policy: ResolverConfig
+    index_users: int = 1000
+
+    @property
+    def snapshot_plan(self) -> tuple[int, int, float]:
+        """Settings with the same plan read the same snapshots (computed once)."""
+        return self.cadence_ms, self.lag_ms, self.coverage
 
 
 def _ints(examples: pa.Table, name: str) -> np.ndarray:
@@ -143,23 +185,112 @@ def _ints(examples: pa.Table, name: str) -> np.ndarray:
     return np.asarray(column.to_numpy(zero_copy_only=False), np.int64)
 
 
+def example_keys(examples: pa.Table) -> ExampleKeys:
+    """The keys of TRAINING_EXAMPLE rows."""
+    return ExampleKeys(
+        *(_ints(examples, c) for c in ("user_id", "item_id", "event_time", "surface", "advertiser_id", "item_category"))
+    )
+
+
+def base_features(
+    model: GemModel, index: HistoryIndex, keys: ExampleKeys, settings: list[AsOfSetting], seed: int
+) -> dict[str, RepFeatures]:
+    """Per setting, the as-of features before the similar-users step; snapshots are computed once per plan."""
+    out: dict[str, RepFeatures] = {}
+    computed: dict[tuple[int, int, float], Snapshots] = {}
+    for setting in settings:
+        if setting.snapshot_plan not in computed:
+            covered = covered_pairs(keys.user_id, keys.ad_id, setting.coverage, seed)
+            plan = plan_snapshots(
+                keys.user_id,
+                keys.ad_id,
+                keys.time_ms,
+                keys.surface,
+                keys.advertiser_id,
+                keys.category,
+                cadence_ms=setting.cadence_ms,
+                lag_ms=setting.lag_ms,
+                covered=covered,
+            )
+            computed[setting.snapshot_plan] = compute_snapshots(model, index, plan)
+        snapshots = computed[setting.snapshot_plan]
+        out[setting.name] = asof_features(
+            keys.user_id, keys.ad_id, keys.time_ms, snapshots, setting.policy, lag_ms=setting.lag_ms
+        )
+    return out
+
+
+def model_neighbours(model: GemModel, index: HistoryIndex, setting: AsOfSetting, seed: int = 0) -> NeighbourSource:
+    """Snapshots as the GEM model computes them over ``index``'s histories (which must hold every
+    user, not one shard's): a tick's pool is every user with an event before it (a stable sample of
+    ``setting.index_users``), represented at the tick; pairs are computed once per distinct key."""
+    has = np.diff(index.offsets) > 0
+    first_ms = np.full(len(has), np.iinfo(np.int64).max, np.int64)
+    first_ms[has] = index.event_time[index.offsets[:-1][has]]
+    pools: dict[int, UserVectors] = {}
+
+    def pool(tick: int) -> UserVectors:
+        if tick not in pools:
+            users = stable_sample(index.user_ids[first_ms < tick], setting.index_users)
+            none = np.full(len(users), NO_AD, np.int64)
+            keys = SnapshotKeys(users, none, np.full(len(users), tick, np.int64), none, none, none)
+            snap = compute_snapshots(model, index, keys)
+            pools[tick] = UserVectors(
+                users, snap.embedding, snap.computed_at_ms, np.full(len(users), model.model_version, dtype=object)
+            )
+        return pools[tick]
+
+    def pairs(keys: SnapshotKeys) -> np.ndarray:
+        cols = np.stack([keys.user_id, keys.ad_id, keys.tick_ms, keys.surface], axis=1)
+        _, first, inverse = np.unique(cols, axis=0, return_index=True, return_inverse=True)
+        return compute_snapshots(model, index, keys.take(first)).embedding[inverse.reshape(-1)]
+
+    def covered(users: np.ndarray, ads: np.ndarray) -> np.ndarray:
+        return covered_pairs(users.reshape(-1), ads.reshape(-1), setting.coverage, seed).reshape(users.shape)
+
+    return NeighbourSource(pool, pairs, covered)
+
+
+def with_similar_users(
+    keys: ExampleKeys, features: RepFeatures, setting: AsOfSetting, source: NeighbourSource
+) -> RepFeatures:
+    """The similar-users step (:mod:`pipelines.transfer.similar`) for the examples nothing better
+    answered whose user has an as-of user-level representation (the query); the rest unchanged."""
+    need = needs_neighbours(setting.policy, features.path) & np.isfinite(features.user_age_s)
+    if not need.any():
+        return features
+    tick = snapshot_tick(keys.time_ms, setting.cadence_ms, setting.lag_ms)
+    got = similar_users(keys, tick, features.user, need, source, setting.policy)
+    path = features.path.copy()
+    path[need] = similar_paths(setting.policy, got.used[need])
+    took = path == FallbackPath.SIMILAR_USERS
+    pair, pair_age = features.pair.copy(), features.pair_age_s.copy()
+    pair[took], pair_age[took] = got.embedding[took], got.age_s[took]
+    return RepFeatures(features.user, pair, path, features.user_age_s, pair_age)
+
+
+def settings_asof(
+    model: GemModel,
+    index: HistoryIndex,
+    examples: pa.Table,
+    settings: list[AsOfSetting],
+    seed: int = 0,
+    *,
+    neighbours_index: HistoryIndex | None = None,
+) -> dict[str, RepFeatures]:
+    """As-of representation features of ``examples`` (TRAINING_EXAMPLE rows) for every setting: plan
+    the snapshots they may read, compute them with ``model`` over ``index``'s histories, join, resolve,
+    and take the similar-users step over ``neighbours_index`` (every user's histories; default ``index``)."""
+    keys = example_keys(examples)
+    base = base_features(model, index, keys, settings, seed)
+    everyone = neighbours_index if neighbours_index is not None else index
+    return {
+        s.name: with_similar_users(keys, base[s.name], s, model_neighbours(model, everyone, s, seed)) for s in settings
+    }
+
+
 def examples_asof(
     model: GemModel, index: HistoryIndex, examples: pa.Table, setting: AsOfSetting, seed: int = 0
 ) -> RepFeatures:
-    """As-of representation features of ``examples`` (TRAINING_EXAMPLE rows): plan the snapshots they
-    may read, compute them with ``model`` over ``index``'s histories, join and resolve."""
-    user, ad, t = _ints(examples, "user_id"), _ints(examples, "item_id"), _ints(examples, "event_time")
-    covered = covered_pairs(user, ad, setting.coverage, seed)
-    keys = plan_snapshots(
-        user,
-        ad,
-        t,
-        _ints(examples, "surface"),
-        _ints(examples, "advertiser_id"),
-        _ints(examples, "item_category"),
-        cadence_ms=setting.cadence_ms,
-        lag_ms=setting.lag_ms,
-        covered=covered,
-    )
-    snapshots = compute_snapshots(model, index, keys)
-    return asof_features(user, ad, t, snapshots, setting.policy, lag_ms=setting.lag_ms)
+    """:func:`settings_asof` for one setting, ``index`` holding every user's histories."""
+    return settings_asof(model, index, examples, [setting], seed)[setting.name]

@@ -10,6 +10,8 @@
 ``reps_pcaK``           the same, projected to K dims (PCA fitted on the training split)
 ``reps_distilled``      representations and distillation (the temperature/weight chosen above)
 ``reps_age_X``          representations at least X old (trained and scored so)
+``reps_similar``        representations whose uncovered pairs take the similar-users path (the
+                        chain without the same-user step) instead of the user-level vector
 ======================  ========================================================================
 
 The freshness row: the ``reps`` ranker served representations ``adapter_age`` old, then with a
@@ -53,13 +55,15 @@ SPLITS = ("train", "validation", "holdout")
 
 @dataclass(frozen=True)
 class VariantPlan:
-    """What to train: seeds, the distillation grid, the codecs, the age settings, the adapter's age."""
+    """What to train: seeds, the distillation grid, the codecs, the age settings, the other fallback
+    settings (``reps_<name>``), the adapter's age."""
 
     seeds: tuple[int, ...] = (0, 1)
     temperatures: tuple[float, ...] = (1.0, 2.0, 4.0)
     distill_weights: tuple[float, ...] = (0.25, 0.5, 0.75)
     codecs: tuple[str, ...] = ("int8", "pca16")
     ages: tuple[str, ...] = ("age_1h", "age_1d", "age_7d")
+    fallbacks: tuple[str, ...] = ("similar",)
     adapter_age: str = "age_7d"
     ranker: RankerConfig = field(default_factory=RankerConfig)
     progress: bool = True
@@ -125,7 +129,8 @@ def run_variants(
     def block(setting: str, split: str, codec: Codec = float16) -> np.ndarray:
         return rep_block(features[setting][split], codec)
 
-    total = len(plan.seeds) * (4 + len(plan.temperatures) * len(plan.distill_weights) + len(codecs) + len(plan.ages))
+    others = (*plan.ages, *plan.fallbacks)
+    total = len(plan.seeds) * (4 + len(plan.temperatures) * len(plan.distill_weights) + len(codecs) + len(others))
     bar = tqdm(total=total, desc="downstream variants", disable=not plan.progress, dynamic_ncols=True)
     for seed in plan.seeds:
         rc, w = plan.ranker, splits.train.weights
@@ -147,9 +152,9 @@ def run_variants(
         both = fit_ranker(x["train"], w, rc, rep=block(MAIN, "train"), distill=distill, seed=seed)
         _add(run, "reps_distilled", digest, predict_ranker(both, x["holdout"], block(MAIN, "holdout")))
         bar.update(1)
-        for age in plan.ages:
-            model = fit_ranker(x["train"], w, rc, rep=block(age, "train"), seed=seed)
-            _add(run, f"reps_{age}", digest, predict_ranker(model, x["holdout"], block(age, "holdout")))
+        for setting in others:
+            model = fit_ranker(x["train"], w, rc, rep=block(setting, "train"), seed=seed)
+            _add(run, f"reps_{setting}", digest, predict_ranker(model, x["holdout"], block(setting, "holdout")))
             bar.update(1)
         stale = block(plan.adapter_age, "holdout")
         run.adapter_probs.setdefault("stale", []).append(predict_ranker(reps, x["holdout"], stale))

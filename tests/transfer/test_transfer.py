@@ -54,7 +54,8 @@ def _splits(features: Path) -> tuple[HistoryIndex, Splits]:
 def test_beam_features_equal_the_pure_computation(world: tuple[Path, Path], tmp_path: Path) -> None:
     features, model_dir = world
     index, splits = _splits(features)
-    settings = as_of_settings(6 * 3_600_000, 0.7)[:1]
+    every = as_of_settings(6 * 3_600_000, 0.7, index_users=50)
+    settings = [every[0], every[-1]]  # main, and the chain through similar users
     got = run_asof_pipeline(str(features), str(model_dir), splits, settings, tmp_path / "asof")
     model = load_model(model_dir, device="cpu")
     for setting in settings:
@@ -67,6 +68,8 @@ def test_beam_features_equal_the_pure_computation(world: tuple[Path, Path], tmp_
             np.testing.assert_array_equal(np.isnan(have.pair_age_s), np.isnan(want.pair_age_s))
     counts = got["main"]["holdout"].path_counts()
     assert counts["exact"] > 0 and counts["same_user"] > 0  # some pairs uncovered, resolved to the user
+    similar = got["similar"]["holdout"].path_counts()
+    assert similar["exact"] == counts["exact"] and similar["similar_users"] > 0 and similar["same_user"] == 0
 
 
 def test_every_variant_trains_on_identical_examples_and_distills_from_training_rows_only(
@@ -79,8 +82,8 @@ def test_every_variant_trains_on_identical_examples_and_distills_from_training_r
         s.name: {
             sp: examples_asof(model, index, getattr(splits, sp).rows, s) for sp in ("train", "validation", "holdout")
         }
-        for s in as_of_settings(6 * 3_600_000, 0.7)
-        if s.name in ("main", "age_1d")
+        for s in as_of_settings(6 * 3_600_000, 0.7, index_users=50)
+        if s.name in ("main", "age_1d", "similar")
     }
     seen: list[object] = []
     real_predict = experiment.predict
@@ -111,7 +114,7 @@ def test_every_variant_trains_on_identical_examples_and_distills_from_training_r
     assert set(run.train_digest.values()) == {splits.train.digest()}
     assert set(run.holdout_probs) == {
         "alone", "distilled", "reps", "reps_int8", "reps_pca4", "reps_distilled",
-        "reps_age_1d",
+        "reps_age_1d", "reps_similar",
     }  # fmt: skip
 
 
