@@ -7,7 +7,8 @@ order (a message's source is ``kafka:<topic>/<partition>/<offset>``;
 :func:`pipelines.features.sources.decode_batch` turns a batch into events). The kafka-python
 fetcher sends Fetch requests with kafka-python's network client and parses each
 response whole (:mod:`pipelines.io.kafka.records`), so no message becomes a Python
-object; the streaming :class:`PartitionPoller` uses kafka-python's consumer.
+object; the streaming :class:`PartitionPoller` sends the same requests, held by the broker until a
+record arrives.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import numpy as np
 from pipelines.errors import ConfigError, PipelinesError
 from pipelines.io.kafka.config import KafkaConnection
 from pipelines.io.kafka.ranges import PartitionRange
-from pipelines.io.kafka.records import RecordsError, parse_records
+from pipelines.io.kafka.records import Records, RecordsError, parse_records
 from pipelines.io.payloads import Payloads
 
 __all__ = [
@@ -49,6 +50,8 @@ DEFAULT_STALL_S = 120.0
 _RETRY_S = 0.2
 #: How long the broker may hold a Fetch for data to arrive (no long poll: ranges end at known offsets).
 _FETCH_WAIT_MS = 10
+#: The end of an unbounded partition range (a streaming read).
+_UNBOUNDED = 2**62
 
 
 class KafkaReadError(PipelinesError):
@@ -223,8 +226,9 @@ class KafkaPythonFetcher:
             else:
                 stall.check(position)
 
-    def _fetch_once(self, part: PartitionRange, position: int) -> bytes:
-        """The ``records`` bytes of one Fetch request for ``part`` at ``position`` (kafka-python errors raised)."""
+    def _fetch_once(self, part: PartitionRange, position: int, wait_ms: int = _FETCH_WAIT_MS) -> bytes:
+        """The ``records`` bytes of one Fetch request for ``part`` at ``position`` (kafka-python errors raised);
+        the broker holds the request up to ``wait_ms`` for a first record to arrive."""
         from kafka.errors import for_code
         from kafka.protocol.consumer.fetch import FetchRequest
 
@@ -242,7 +246,7 @@ class KafkaPythonFetcher:
             ],
         )
         request = FetchRequest(
-            max_wait_ms=_FETCH_WAIT_MS,
+            max_wait_ms=wait_ms,
             min_bytes=1,
             max_bytes=self._partition_bytes,
             isolation_level=0,
@@ -254,7 +258,8 @@ class KafkaPythonFetcher:
             min_version=4,
             max_version=12,
         )
-        response = self._client.send_and_receive(self._leader(part), request, timeout_ms=self._timeout_ms)
+        timeout_ms = self._timeout_ms + wait_ms
+        response = self._client.send_and_receive(self._leader(part), request, timeout_ms=timeout_ms)
         [answer] = [p for t in response.responses for p in t.partitions]
         if answer.error_code:
             error = for_code(answer.error_code)
@@ -283,70 +288,64 @@ class KafkaPythonFetcher:
 
 
 class PartitionPoller:
-    """Streaming reads: whatever one partition holds from a position now (kafka-python, no group).
+    """Streaming reads: whatever one partition holds from a position now (no group).
 
     ``poll(topic, partition, position)`` returns (batch or None, next position); the
-    position also moves over offsets that hold no record.
+    position also moves over offsets that hold no record. Each poll is one Fetch request
+    that the broker holds up to ``timeout_s`` for a first record, parsed whole by
+    :func:`pipelines.io.kafka.records.parse_records` as :class:`KafkaPythonFetcher` does
+    (kafka-python's consumer made a Python object of every record: a fifth of the
+    streaming job's time); what a response holds past ``max_batch`` is kept for the next
+    poll at that position.
     """
 
-    def __init__(self, connection: KafkaConnection, *, max_batch: int = 5_000) -> None:
-        from kafka import KafkaConsumer
-
+    def __init__(self, connection: KafkaConnection, *, max_batch: int = 5_000, partition_bytes: int = 1 << 20) -> None:
         self._max_batch = max_batch
-        self._consumer = KafkaConsumer(
-            **connection.kafka_python(),
-            group_id=None,
-            enable_auto_commit=False,
-            check_crcs=True,  # CRC-32C per batch (C code from the crc32c package)
-            fetch_min_bytes=1,
-            fetch_max_wait_ms=50,
-            max_poll_records=max_batch,
-            auto_offset_reset="earliest",
-        )
-        self._assigned: Any = None
+        self._fetcher = KafkaPythonFetcher(connection, partition_bytes=partition_bytes)
+        self._kept: dict[tuple[str, int], tuple[int, Records]] = {}  # (topic, partition) -> (position, Records)
 
     def poll(
         self, topic: str, partition: int, position: int, timeout_s: float = 0.2
     ) -> tuple[MessageBatch | None, int]:
-        """A retriable error (the broker away, a leader moving) reads as "nothing now": the caller polls again.
+        """A retriable error (the broker away, a leader moving) reads as "nothing now": the caller polls again."""
+        from kafka.errors import KafkaError, OffsetOutOfRangeError
 
-        kafka-python 3.0 raises them from ``position()`` and ``poll()`` when an offset validation it runs
-        after a leader change cannot refresh metadata (connection refused while the broker restarts).
-        """
-        from kafka.errors import KafkaError
-
+        kept = self._kept.pop((topic, partition), None)
         try:
-            return self._poll(topic, partition, position, timeout_s)
-        except KafkaError as exc:
+            records = (
+                kept[1]
+                if kept is not None and kept[0] == position
+                else self._fetch(topic, partition, position, timeout_s)
+            )
+        except OffsetOutOfRangeError as exc:
+            raise KafkaReadError(
+                f"{topic}/{partition} has no offset {position} (deleted by retention before it was read, or the "
+                "topic was recreated); fix: start from what the log holds, e.g. a new --group with --from earliest"
+            ) from exc
+        except (KafkaError, OSError) as exc:
             if not _retriable(exc):
                 raise
             log.warning("%s/%s at offset %s: %s (polling again)", topic, partition, position, exc)
             time.sleep(timeout_s)  # a refused connection fails at once: no busy loop while the broker is away
             return None, position
+        if not len(records.offsets):
+            return None, max(position, records.next_offset)
+        n = min(self._max_batch, len(records.offsets))
+        batch = MessageBatch(topic, partition, records.offsets[:n], records.payloads.slice(0, n))
+        if n == len(records.offsets):
+            return batch, max(position, records.next_offset)
+        after = int(records.offsets[n])
+        rest = Records(records.offsets[n:], records.payloads.slice(n, len(records.offsets)), records.next_offset)
+        self._kept[(topic, partition)] = (after, rest)
+        return batch, after
 
-    def _poll(self, topic: str, partition: int, position: int, timeout_s: float) -> tuple[MessageBatch | None, int]:
-        from kafka import TopicPartition
-
-        tp = TopicPartition(topic, partition)
-        if self._assigned != tp:
-            self._consumer.assign([tp])
-            self._assigned = tp
-            self._consumer.seek(tp, position)
-        elif self._consumer.position(tp) != position:
-            self._consumer.seek(tp, position)
-        records = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=self._max_batch).get(tp, [])
-        records = [r for r in records if r.offset >= position]
-        after = max(position, self._consumer.position(tp) or position)
-        if not records:
-            return None, after
-        values = [r.value if r.value is not None else b"" for r in records]
-        batch = MessageBatch(
-            topic, partition, np.asarray([r.offset for r in records], dtype=np.int64), Payloads.from_list(values)
-        )
-        return batch, max(after, int(batch.offsets[-1]) + 1)
+    def _fetch(self, topic: str, partition: int, position: int, timeout_s: float) -> Records:
+        part = PartitionRange(topic, partition, position, _UNBOUNDED)
+        raw = self._fetcher._fetch_once(part, position, wait_ms=int(timeout_s * 1000))
+        return parse_records(raw, position, _UNBOUNDED)
 
     def close(self) -> None:
-        self._consumer.close()
+        self._fetcher.close()
 
 
 class ConfluentFetcher:

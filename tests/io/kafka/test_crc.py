@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from kafka.errors import CorruptRecordError
 
 from pipelines.io.kafka.config import KafkaConnection
 from pipelines.io.kafka.consume import KafkaReadError, PartitionPoller, open_fetcher
 from pipelines.io.kafka.ranges import PartitionRange
+from pipelines.io.kafka.records import CorruptBatchError
 from tests.features.factories import line
 from tests.fixtures.kafka import MakeTopic, produce
 
@@ -56,7 +56,7 @@ def test_a_batch_corrupted_on_disk_stops_the_streaming_poller(kafka: KafkaConnec
         f.write(bytes(data[at : at + 1]))
     poller = PartitionPoller(kafka)
     try:
-        with pytest.raises(CorruptRecordError):
+        with pytest.raises(CorruptBatchError, match="CRC-32C"):
             for _ in range(50):  # the first polls may return nothing while the consumer connects
                 batch, _ = poller.poll(topic, 0, 0, timeout_s=0.5)
                 assert batch is None, "records of a corrupted batch were returned"
