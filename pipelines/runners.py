@@ -33,6 +33,13 @@ from pipelines.errors import ConfigError
 LOCAL_RUNNERS = ("DirectRunner", "local")
 REMOTE_RUNNERS = ("FlinkRunner", "SparkRunner", "PrismRunner", "DataflowRunner", "PortableRunner")
 
+#: Beam's portable runner puts ``--job_server_timeout`` (300 s by default) on the job's state and
+#: message streams too, so a job on Prism, Flink or Spark that runs past 5 minutes fails with
+#: DEADLINE_EXCEEDED while it is still running (seen: a 10-minute ``stream`` soak on Prism). The
+#: project's default is ten years; the job servers are checked for reachability before submission,
+#: so a long timeout never stands for an unreachable one.
+JOB_SERVER_TIMEOUT = {"job_server_timeout": str(10 * 365 * 86_400)}
+
 
 def pipeline_options(args: argparse.Namespace, beam_args: Sequence[str] = ()) -> PipelineOptions:
     """Beam options from the runner flags (:func:`pipelines.cli.flags.add_runner`) and the pass-through
@@ -48,6 +55,8 @@ def pipeline_options(args: argparse.Namespace, beam_args: Sequence[str] = ()) ->
         found = default_prism() if args.runner == "PrismRunner" else None
         defaults = {"prism_location": found} if found else {}
         defaults |= jobservers.default_options(args.runner, _values(given))
+        if args.runner != "DataflowRunner":
+            defaults |= JOB_SERVER_TIMEOUT
     options = PipelineOptions(
         merge_flags(given, required=required, defaults=defaults), save_main_session=False, pickle_library="cloudpickle"
     )

@@ -160,3 +160,16 @@ def test_the_default_jars_follow_deploy_versions_env() -> None:
         f"beam-runners-flink-{pinned['FLINK_MINOR']}-job-server-{pinned['BEAM_FLINK_RUNNER_VERSION']}.jar"
     )
     assert spark_jar_name() == f"beam-runners-spark-3-job-server-{pinned['BEAM_SPARK_RUNNER_VERSION']}.jar"
+
+
+def test_portable_jobs_outlive_beams_five_minute_job_server_timeout(monkeypatch, tmp_path) -> None:
+    """Beam puts --job_server_timeout on a job's state stream: 300 s would end any longer job (seen on Prism)."""
+    from apache_beam.options.pipeline_options import PortableOptions
+
+    jar = tmp_path / "job-server.jar"
+    jar.write_bytes(b"")
+    monkeypatch.setattr("pipelines.jobservers.default_flink_jar", lambda: str(jar))
+    options = pipeline_options(_args("FlinkRunner"), ["--flink_master=[local]"])
+    assert options.view_as(PortableOptions).job_server_timeout >= 30 * 86_400
+    given = pipeline_options(_args("FlinkRunner"), ["--flink_master=[local]", "--job_server_timeout=60"])
+    assert given.view_as(PortableOptions).job_server_timeout == 60

@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     from pipelines.io.commit import writer_lock
     from pipelines.io.kafka.config import connection_from_args
     from pipelines.io.kafka.ranges import Position
-    from pipelines.runners import check_known, default_prism, merge_flags
+    from pipelines.runners import JOB_SERVER_TIMEOUT, check_known, default_prism, merge_flags
     from pipelines.streaming.config import StreamConfig
     from pipelines.streaming.job import build_stream, start_offsets
 
@@ -164,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
             # Prism 2.77's SDK state cache can serve stale state across bundles; with no cache
             # every state read (the commit ledger) goes to the runner.
             "max_cache_memory_usage_mb": "0",
+            **JOB_SERVER_TIMEOUT,
         },
     )
     options = PipelineOptions(flags_, save_main_session=False, pickle_library="cloudpickle")
