@@ -29,9 +29,16 @@ def write_table(table: pa.Table, path: str, layout: Layout, *, compression: str 
     parent = path.rsplit("/", 1)[0] if "/" in path else "."
     if not FileSystems.exists(parent):
         FileSystems.mkdirs(parent)
+    flat = [f.name for f in table.schema if not _is_vector(f.type)]
     with FileSystems.create(path) as sink:
-        pq.write_table(table, sink, compression=compression)
+        pq.write_table(table, sink, compression=compression, use_dictionary=flat, write_statistics=flat)
     return path
+
+
+def _is_vector(kind: pa.DataType) -> bool:
+    """An embedding column (a fixed-size list of floats): its values rarely repeat, so a dictionary
+    never pays (trying one is most of the cost of writing it), and per-element min/max say nothing."""
+    return pa.types.is_fixed_size_list(kind) and pa.types.is_floating(kind.value_type)
 
 
 def read_table(path: str, layout: Layout | None = None) -> pa.Table:

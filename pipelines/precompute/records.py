@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pyarrow as pa
 
@@ -54,6 +56,17 @@ def latest_per_key(table: pa.Table, request_ms: np.ndarray) -> tuple[pa.Table, i
     last = np.r_[(u[1:] != u[:-1]) | (a[1:] != a[:-1]), True]
     keep = order[last]
     return table.take(pa.array(keep)), int(len(order) - len(keep))
+
+
+def concat_representations(parts: Sequence[Representations]) -> Representations:
+    """``parts`` as one :class:`Representations`, rows in order (each field concatenated once)."""
+    if not parts:
+        raise ValueError("concat_representations needs at least one part")
+    if len(parts) == 1:
+        return parts[0]
+    return Representations(
+        **{name: np.concatenate([getattr(r, name) for r in parts]) for name in Representations.__dataclass_fields__}
+    )
 
 
 def slice_representations(reps: Representations, start: int, stop: int) -> Representations:

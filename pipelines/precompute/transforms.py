@@ -20,10 +20,11 @@ from pipelines.io.parquet import read_table, write_table
 from pipelines.io.shards import shard_path, split_by_shard
 from pipelines.io.snapshot import COUNTS, DEAD, HISTORIES, REPRESENTATIONS
 from pipelines.io.transforms import GroupByShard
+from pipelines.model.gem import Representations
 from pipelines.model.inputs import GemBatch, HistoryIndex
 from pipelines.precompute import coder  # noqa: F401 - registers the GemBatch coder
 from pipelines.precompute.handler import GemModelHandler
-from pipelines.precompute.records import latest_per_key, representation_table
+from pipelines.precompute.records import concat_representations, latest_per_key, representation_table
 from pipelines.precompute.requests import STAGE, check_candidates, merge_catalogs, request_elements, user_elements
 from schemas.layouts import HISTORY, REPRESENTATION
 
@@ -154,6 +155,10 @@ def _inference_dead_letter(failure: tuple[Any, Exception]) -> pa.Table:
     )
 
 
+#: One request's (or a shard's) results: representations and each row's request time (B,).
+_Results = tuple[Representations, np.ndarray]
+
+
 class _WriteShardFn(beam.DoFn):
     def __init__(
         self, output: str, store_uri: str | None, model_version: str, watermark_ms: int | None, computed_at_ms: int
@@ -172,24 +177,15 @@ class _WriteShardFn(beam.DoFn):
         if self._store is not None:
             self._store.close()
 
-    def process(self, element: tuple[int, Iterable[Any]]) -> Iterator[dict[str, int]]:
-        from pipelines.model.gem import Representations
-
-        shard, parts = element
-        parts = list(parts)
-        reps: list[Representations] = [r for r, _ in parts]
-        if not reps:
-            return
-        tables = [
-            representation_table(
-                r,
-                model_version=self._model_version,
-                watermark_ms=self._watermark_ms,
-                computed_at_ms=self._computed_at_ms,
-            )
-            for r in reps
-        ]
-        table, superseded = latest_per_key(pa.concat_tables(tables), np.concatenate([t for _, t in parts]))
+    def process(self, element: tuple[int, _Results]) -> Iterator[dict[str, int]]:
+        shard, (reps, request_ms) = element
+        table = representation_table(
+            reps,
+            model_version=self._model_version,
+            watermark_ms=self._watermark_ms,
+            computed_at_ms=self._computed_at_ms,
+        )
+        table, superseded = latest_per_key(table, request_ms)
         write_table(table, shard_path(self._output, REPRESENTATIONS, shard), REPRESENTATION)
         if self._store is not None:
             self._store.write_batch(table)
@@ -198,12 +194,35 @@ class _WriteShardFn(beam.DoFn):
             "pairs_out": table.num_rows - users,
             "users_out": users,
             "pairs_superseded": superseded,
-            "tokens": int(sum(int(r.num_tokens.sum()) for r in reps)),
+            "tokens": int(reps.num_tokens.sum()),
         }
 
 
+class _ConcatResults(beam.CombineFn):
+    """A shard's per-request results as one :data:`_Results`. As a combiner it is lifted: each
+    bundle concatenates its part of a shard before the shuffle, so a few arrays per shard cross
+    it instead of one pickled element per request."""
+
+    def create_accumulator(self) -> list[_Results]:
+        return []
+
+    def add_input(self, accumulator: list[_Results], element: _Results) -> list[_Results]:
+        accumulator.append(element)
+        return accumulator
+
+    def merge_accumulators(self, accumulators: Iterable[list[_Results]]) -> list[_Results]:
+        return [part for accumulator in accumulators for part in accumulator]
+
+    def compact(self, accumulator: list[_Results]) -> list[_Results]:
+        return [self.extract_output(accumulator)] if len(accumulator) > 1 else accumulator
+
+    def extract_output(self, accumulator: list[_Results]) -> _Results:
+        return concat_representations([r for r, _ in accumulator]), np.concatenate([t for _, t in accumulator])
+
+
 class WriteRepresentations(beam.PTransform):
-    """(shard, Representations) → Parquet per shard (+ the online store); outputs count dicts."""
+    """(shard, (Representations, request times)) per request → Parquet per shard (+ the online store);
+    outputs count dicts."""
 
     def __init__(
         self, output: str, *, store_uri: str | None, model_version: str, watermark_ms: int | None, computed_at_ms: int
@@ -212,7 +231,7 @@ class WriteRepresentations(beam.PTransform):
         self._fn = _WriteShardFn(output, store_uri, model_version, watermark_ms, computed_at_ms)
 
     def expand(self, reps: beam.PCollection) -> beam.PCollection:
-        return reps | "GroupByShard" >> beam.GroupByKey() | "Write" >> beam.ParDo(self._fn)
+        return reps | "ConcatByShard" >> beam.CombinePerKey(_ConcatResults()) | "Write" >> beam.ParDo(self._fn)
 
 
 def _catalog_of(path: str) -> pa.Table:
