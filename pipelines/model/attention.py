@@ -9,12 +9,13 @@ PyTorch reference the tests compare against).
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipelines.model.jagged import BlockChunk, BlockLayout
+from pipelines.model.jagged import BlockChunk, BlockLayout, gather_index
 
 
 class FeedForward(nn.Module):
@@ -279,6 +280,38 @@ class TargetAttention(nn.Module):
         h = self.norm(tokens)
         scores = self._scores(h, target[owner]).float()  # (L, H); fp32 sums under bf16 autocast
         values = self.value(h).view(-1, self.num_heads, self.head_dim).float()  # (L, H, dh)
+        return self._pool(scores, values, owner, lengths)
+
+    def shared(
+        self, tokens: torch.Tensor, offsets: torch.Tensor, target: torch.Tensor, history_of: torch.Tensor
+    ) -> torch.Tensor:
+        """:meth:`forward` for rows that share histories (a candidate request's ads), with the
+        per-token work that does not depend on the target done once per history.
+
+        ``tokens: (L, D)`` of H histories, ``offsets: (H+1,)``, ``target: (B, D)``, ``history_of: (B,)``
+        -> ``(B, 1, D)``. The norm, the value projection and the history's share of the first
+        score layer (``W [h, t, h*t] = W_h h + W_t t + W_ht (h*t)``) run over the L history tokens;
+        only ``W_ht (h*t)`` and the small second layer run per (row, token). Equal to
+        :meth:`forward` on the rows' gathered histories up to float rounding (tested).
+        """
+        index, row_offsets = gather_index(offsets, history_of)
+        lengths = row_offsets[1:] - row_offsets[:-1]
+        owner = torch.repeat_interleave(torch.arange(lengths.numel(), device=offsets.device), lengths)
+        first, second = cast(nn.Linear, self.score[0]), self.score[2]
+        w_h, w_t, w_ht = first.weight.split(tokens.shape[1], dim=1)  # (hidden, D) each
+        h = self.norm(tokens)
+        rows = target.index_select(0, owner)  # index_select, not x[index]: several times faster on CPU
+        hidden = (h @ w_h.t()).index_select(0, index) + F.linear(target, w_t, first.bias).index_select(0, owner)
+        hidden = hidden + (h.index_select(0, index) * rows) @ w_ht.t()
+        scores = second(F.silu(hidden)).float()  # (L', H)
+        values = self.value(h).view(-1, self.num_heads, self.head_dim).float().index_select(0, index)  # (L', H, dh)
+        return self._pool(scores, values, owner, lengths)
+
+    def _pool(
+        self, scores: torch.Tensor, values: torch.Tensor, owner: torch.Tensor, lengths: torch.Tensor
+    ) -> torch.Tensor:
+        """Softmax of ``scores: (L, H)`` over each row's tokens (``owner: (L,)``) pooling ``values:
+        (L, H, dh)`` -> ``(B, 1, D)``."""
         shape = (lengths.numel(), self.num_heads)
         user_max = scores.new_full(shape, float("-inf")).scatter_reduce(
             0, owner[:, None].expand_as(scores), scores.detach(), "amax"
