@@ -1,14 +1,18 @@
-"""Helpers shared by the benchmark scripts (sizes, timing, the RESULT line)."""
+"""Helpers shared by the benchmark scripts (sizes, timing, FLOP/s, the RESULT line)."""
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    import torch
 
 T = TypeVar("T")
 QUICK = os.environ.get("QUICK", "") not in ("", "0")
@@ -20,6 +24,45 @@ def timed(fn: Callable[[], T]) -> tuple[T, float]:
     start = time.perf_counter()
     value = fn()
     return value, time.perf_counter() - start
+
+
+def best_time(fn: Callable[[], object], repeats: int, device: torch.device | None = None) -> float:
+    """Fastest of ``repeats`` timed calls after one warm-up (noise on a shared machine is one-sided);
+    waits for ``device`` (CUDA) work to finish before reading the clock."""
+    import torch
+
+    def sync() -> None:
+        if device is not None and device.type == "cuda":
+            torch.cuda.synchronize()
+
+    fn()
+    sync()
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def matmul_peak(device: torch.device, n: int = 2048) -> float:
+    """This machine's fp32 matmul FLOP/s on ``device`` (one large ``torch.mm``, at the current torch
+    thread setting): the peak that a model's achieved FLOP/s is measured against."""
+    import torch
+
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    return 2 * n**3 / best_time(lambda: a @ b, 5, device)
+
+
+def flops_of(fn: Callable[[], T]) -> tuple[T, int]:
+    """``fn()`` and the FLOPs torch's counter saw it run (matmuls, attention, convolutions)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        value = fn()
+    return value, counter.get_total_flops()
 
 
 def generate(users: int, days: int, output: Path, seed: int = 11, flags: Sequence[str] = ()) -> Path:

@@ -28,14 +28,12 @@ trainings at once unless BENCH_JOBS says otherwise.
 from __future__ import annotations
 
 import dataclasses
-import math
 import multiprocessing
 import os
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from functools import partial
 from typing import NamedTuple
@@ -45,9 +43,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.flop_counter import FlopCounterMode
 
-from bench.common import QUICK, WORK, generate, result
+from bench.common import QUICK, WORK, best_time, flops_of, generate, matmul_peak, result
 from pipelines.model.attention import BlockAttention
 from pipelines.model.config import GemConfig
 from pipelines.model.gem import CPU_CHUNK_BLOCKS, GemModel
@@ -67,24 +64,6 @@ CONTEXT_LENGTHS = (256, 1024, 4096)
 #: The context world: the default one plus niche interests of this affinity (generate --niche-affinity).
 CONTEXT_WORLD = (3000, 14) if QUICK else (20000, 14)
 NICHE_AFFINITY = 16.0
-
-
-def _sync() -> None:
-    if DEVICE.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def best_time(fn: Callable[[], object], repeats: int) -> float:
-    """Fastest of ``repeats`` timed calls after one warm-up (noise on a shared machine is one-sided)."""
-    fn()
-    _sync()
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        _sync()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def skewed_lengths(users: int, mean: int = 1000, cap: int = 16_000, seed: int = 0) -> list[int]:
@@ -130,8 +109,10 @@ def bench_attention(config: GemConfig) -> tuple[float, str]:
     tokens = torch.randn(sum(lengths), config.d_model, device=DEVICE)
     summary = torch.randn(users, config.num_seeds, config.d_model, device=DEVICE)
     with torch.inference_mode():
-        jagged_s = best_time(lambda: jagged_block_attention(layer, tokens, offsets, summary, config.block_size), 3)
-        padded_s = best_time(lambda: padded_full_attention(layer, tokens, offsets), 1)
+        jagged_s = best_time(
+            lambda: jagged_block_attention(layer, tokens, offsets, summary, config.block_size), 3, DEVICE
+        )
+        padded_s = best_time(lambda: padded_full_attention(layer, tokens, offsets), 1, DEVICE)
     n = sum(lengths)
     padded_slots = users * max(lengths)
     print(
@@ -162,11 +143,11 @@ def bench_scaling(config: GemConfig) -> tuple[float, float]:
     with torch.inference_mode():
         for n in block_lengths:
             batch = random_batch([n], seed=n).to(DEVICE)
-            block_s.append(best_time(partial(model, batch), 3))
+            block_s.append(best_time(partial(model, batch), 3, DEVICE))
         for n in full_lengths:
             tokens = torch.randn(n, config.d_model, device=DEVICE)
             offsets = torch.tensor([0, n], device=DEVICE)
-            full_s.append(best_time(partial(padded_full_attention, layer, tokens, offsets), 2))
+            full_s.append(best_time(partial(padded_full_attention, layer, tokens, offsets), 2, DEVICE))
     print(
         "[2] one user, whole model forward: "
         + ", ".join(f"{n}: {s * 1e3:.1f} ms" for n, s in zip(block_lengths, block_s, strict=True))
@@ -180,26 +161,19 @@ def bench_scaling(config: GemConfig) -> tuple[float, float]:
     return _slope(block_lengths, block_s), _slope(full_lengths, full_s)
 
 
-def matmul_peak(n: int = 2048) -> float:
-    a, b = torch.randn(n, n, device=DEVICE), torch.randn(n, n, device=DEVICE)
-    return 2 * n**3 / best_time(lambda: a @ b, 5)
-
-
 def bench_flops(config: GemConfig) -> tuple[float, float, dict[int, float]]:
     """Achieved FLOP/s of batched forwards at the trained width and at a serving width
     (d_model 256), and the fp32 ``torch.mm`` peak measured alongside."""
     lengths = skewed_lengths(16, mean=1000, cap=8000, seed=1)
     batch = random_batch(lengths, seed=2).to(DEVICE)
-    peak = matmul_peak()
+    peak = matmul_peak(DEVICE)
     achieved = {}
     for width in (config.d_model, 256):
         torch.manual_seed(0)
         model = GemModel(config.replace(d_model=width)).to(DEVICE).eval()
-        with FlopCounterMode(display=False) as counter, torch.no_grad():
-            model(batch)
-        flops = counter.get_total_flops()
+        _, flops = flops_of(partial(model, batch))
         with torch.inference_mode():
-            seconds = best_time(partial(model, batch), 3)
+            seconds = best_time(partial(model, batch), 3, DEVICE)
         achieved[width] = flops / seconds
         print(
             f"[3] batched forward, d_model {width}: {batch.num_rows} rows, {batch.num_tokens} tokens, "
