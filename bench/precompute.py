@@ -43,7 +43,7 @@ from pipelines.precompute.requests import request_elements
 from pipelines.runners import pipeline_options, runner_for
 
 BUDGET = 32_768
-REPEAT = 1 if QUICK else 2
+REPEAT = 1 if QUICK else 3
 #: Users in the refresh bench's flush, and timed rounds of each refresh workload.
 FLUSH_USERS, REFRESH_ROUNDS = (100, 3) if QUICK else (400, 7)
 
@@ -191,24 +191,31 @@ def main() -> None:
         shutil.rmtree(out, ignore_errors=True)
         return run_precompute(config, pipeline_options(args), runner_for(args))
 
-    # Alternate the three REPEAT times and keep each one's best: load on a shared machine comes and goes.
-    tok_s = cnt_s = beam_s = float("inf")
+    # Alternate the three REPEAT times; medians, with the spread: load on a shared machine comes and goes.
+    runs: dict[str, list[float]] = {"tokens": [], "beam": [], "count": []}
     for _ in range(REPEAT):
         n_tok, seconds = timed(lambda: loop(model, by_tokens(batches, BUDGET)))
-        tok_s = min(tok_s, seconds)
+        runs["tokens"].append(seconds)
         summary, seconds = timed(beam_run)
-        beam_s = min(beam_s, seconds)
+        runs["beam"].append(seconds)
         n_cnt, seconds = timed(lambda: loop(model, by_count(batches, fixed)))
-        cnt_s = min(cnt_s, seconds)
+        runs["count"].append(seconds)
     assert n_tok == n_cnt == pairs == summary["pairs_in"]
-    print(f"best of {REPEAT} alternated runs each")
+    tok_s, beam_s, cnt_s = (float(np.median(runs[k])) for k in ("tokens", "beam", "count"))
+
+    def spread(key: str) -> str:
+        return f"(median of {len(runs[key])}: {min(runs[key]):.2f}-{max(runs[key]):.2f} s)"
+
     print(
-        f"plain loop, token budget {BUDGET}: {tok_s:.2f} s  {pairs / tok_s:.0f} pairs/s  "
+        f"plain loop, token budget {BUDGET}: {tok_s:.2f} s {spread('tokens')}  {pairs / tok_s:.0f} pairs/s  "
         f"{tokens.sum() / tok_s:.0f} tokens/s  {len(batches) / tok_s:.1f} requests/s"
     )
-    print(f"plain loop, fixed count {fixed} request(s)/batch: {cnt_s:.2f} s  {pairs / cnt_s:.0f} pairs/s")
     print(
-        f"beam RunInference (local runner): {beam_s:.2f} s  {pairs / beam_s:.0f} pairs/s "
+        f"plain loop, fixed count {fixed} request(s)/batch: {cnt_s:.2f} s {spread('count')}  "
+        f"{pairs / cnt_s:.0f} pairs/s"
+    )
+    print(
+        f"beam RunInference (local runner): {beam_s:.2f} s {spread('beam')}  {pairs / beam_s:.0f} pairs/s "
         f"(includes pipeline start, joins and Parquet writes)"
     )
     result(
