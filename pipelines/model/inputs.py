@@ -23,6 +23,7 @@ from pipelines.model.jagged import gather_index
 from schemas.enums import EVENT_TYPES
 
 __all__ = [
+    "AdLookup",
     "ExampleSet",
     "GemBatch",
     "HistoryIndex",
@@ -30,6 +31,8 @@ __all__ = [
     "build_candidate_batch",
     "build_example_batch",
     "build_user_batch",
+    "count_features",
+    "lookup_ads",
 ]
 
 _TIME_BITS = 41  # ~70 years of milliseconds; leaves 22 bits (4M history rows) for the row
@@ -37,6 +40,8 @@ _TIME_BITS = 41  # ~70 years of milliseconds; leaves 22 bits (4M history rows) f
 #: events included), log1p of the prefix length, log1p seconds since the last event.
 COUNT_FEATURES: tuple[str, ...] = (*(f"log_{t}s" for t in EVENT_TYPES), "log_events", "log_seconds_since_last")
 NUM_COUNT_FEATURES = len(COUNT_FEATURES)
+#: ``last_ms`` of an empty prefix in :meth:`HistoryIndex.prefix_totals`.
+NULL_LAST_MS = np.iinfo(np.int64).min
 SEQUENCE_FIELDS = ("item_id", "advertiser_id", "category", "is_ad", "surface", "event_type", "age_s", "value")
 
 
@@ -219,7 +224,13 @@ class HistoryIndex:
         return np.cumsum(one_hot, axis=0, dtype=np.int32)
 
     def prefix_counts(self, rows: np.ndarray, ends: np.ndarray, request_ms: np.ndarray) -> np.ndarray:
-        """``(B, NUM_COUNT_FEATURES) float32`` for ``events[:end]`` of each row (see COUNT_FEATURES).
+        """``(B, NUM_COUNT_FEATURES) float32`` for ``events[:end]`` of each row (see COUNT_FEATURES)."""
+        return count_features(*self.prefix_totals(rows, ends), request_ms)
+
+    def prefix_totals(self, rows: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """What :meth:`prefix_counts` reads of ``events[:end]``, before the request time enters:
+        ``per_type (B, len(EVENT_TYPES)+1) float64`` (each type's count, then their sum) and
+        ``last_ms (B,) int64`` (the last event's time, NULL_LAST_MS for an empty prefix).
 
         Evicted events count only when the prefix is non-empty: they are all older than
         every stored event, so then (and only then) they all precede the request.
@@ -229,12 +240,8 @@ class HistoryIndex:
         end = start + np.where(rows >= 0, ends, 0)
         per_type = (self._type_cumsum[end] - self._type_cumsum[start]).astype(np.float64)
         per_type += np.where((end > start)[:, None], self.evicted_type_counts[safe], 0)
-        last = np.where(end > start, self.event_time[np.maximum(end - 1, 0)], request_ms)
-        seconds = np.maximum(np.asarray(request_ms) - last, 0) / 1000.0
-        dense = np.concatenate(
-            [per_type, per_type.sum(axis=1, keepdims=True), np.where(end > start, seconds, -1.0)[:, None]], axis=1
-        )
-        return np.log1p(np.maximum(dense, 0.0)).astype(np.float32)
+        last = np.where(end > start, self.event_time[np.maximum(end - 1, 0)], NULL_LAST_MS)
+        return np.concatenate([per_type, per_type.sum(axis=1, keepdims=True)], axis=1), last.astype(np.int64)
 
     def batch(
         self,
@@ -270,6 +277,15 @@ class HistoryIndex:
         per_row["request_time_ms"] = torch.from_numpy(request_ms.copy())
         per_row["counts"] = torch.from_numpy(self.prefix_counts(rows, ends, request_ms))
         return GemBatch(offsets=offsets, **seq, **per_row)
+
+
+def count_features(per_type: np.ndarray, last_ms: np.ndarray, request_ms: np.ndarray | int) -> np.ndarray:
+    """The ``(B, NUM_COUNT_FEATURES) float32`` count features from :meth:`HistoryIndex.prefix_totals`
+    and the request time (seconds since the last event; -1, clipped to 0, without one)."""
+    empty = np.asarray(last_ms) == NULL_LAST_MS
+    seconds = np.maximum(np.asarray(request_ms) - np.where(empty, request_ms, last_ms), 0) / 1000.0
+    dense = np.concatenate([per_type, np.where(empty, -1.0, seconds)[:, None]], axis=1)
+    return np.log1p(np.maximum(dense, 0.0)).astype(np.float32)
 
 
 def _index(histories: pa.Table | HistoryIndex) -> HistoryIndex:
@@ -356,17 +372,36 @@ def ad_catalog(histories: pa.Table | HistoryIndex) -> pa.Table:
     )
 
 
-def _lookup(catalog: pa.Table | None, ad_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+@dataclass(frozen=True)
+class AdLookup:
+    """An ad catalog (see :func:`ad_catalog`) prepared once for many lookups: ``items`` (A,) sorted,
+    ``advertiser`` and ``category`` (A,) int64 (-1 = null) in that order."""
+
+    items: np.ndarray
+    advertiser: np.ndarray
+    category: np.ndarray
+
+    @classmethod
+    def from_table(cls, catalog: pa.Table | None) -> AdLookup:
+        if catalog is None or catalog.num_rows == 0:
+            return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+        items = _np(catalog.column("item_id")).astype(np.int64)
+        order = np.argsort(items, kind="stable")
+        adv = _np(catalog.column("advertiser_id"), -1).astype(np.int64)[order]
+        return cls(items[order], adv, _np(catalog.column("item_category"), -1).astype(np.int64)[order])
+
+    def __call__(self, ad_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(advertiser, category) of each ad id; -1 where the catalog does not know it."""
+        if len(self.items) == 0:
+            return np.full(len(ad_ids), -1, np.int64), np.full(len(ad_ids), -1, np.int64)
+        pos = np.minimum(np.searchsorted(self.items, ad_ids), len(self.items) - 1)
+        hit = self.items[pos] == ad_ids
+        return np.where(hit, self.advertiser[pos], -1), np.where(hit, self.category[pos], -1)
+
+
+def lookup_ads(catalog: pa.Table | AdLookup | None, ad_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(advertiser, category) of each ad id; -1 where the catalog does not know it."""
-    if catalog is None or catalog.num_rows == 0:
-        return np.full(len(ad_ids), -1, np.int64), np.full(len(ad_ids), -1, np.int64)
-    items = _np(catalog.column("item_id")).astype(np.int64)
-    order = np.argsort(items, kind="stable")
-    pos = np.minimum(np.searchsorted(items[order], ad_ids), len(items) - 1)
-    hit = items[order][pos] == ad_ids
-    adv = _np(catalog.column("advertiser_id"), -1).astype(np.int64)[order][pos]
-    cat = _np(catalog.column("item_category"), -1).astype(np.int64)[order][pos]
-    return np.where(hit, adv, -1), np.where(hit, cat, -1)
+    return (catalog if isinstance(catalog, AdLookup) else AdLookup.from_table(catalog))(ad_ids)
 
 
 def _no_histories() -> HistoryIndex:
@@ -404,7 +439,7 @@ def build_candidate_batch(
     request_ms = np.repeat(_np(candidates.column("request_time")).astype(np.int64), counts)
     rows = index.rows_of(user_ids)
     ends = index.ends_before(rows, request_ms)
-    advertiser, category = _lookup(catalog, ad_ids)
+    advertiser, category = lookup_ads(catalog, ad_ids)
     fields_ = {
         "user_id": user_ids,
         "request_surface": np.repeat(_np(candidates.column("surface"), -1).astype(np.int64), counts),

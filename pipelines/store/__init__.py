@@ -27,13 +27,14 @@ from pipelines.store.codec import NULL_MS, Encoding, Key, record_nbytes
 from pipelines.store.lmdb_store import LmdbConfig, LmdbStore
 from pipelines.store.redis_store import DEFAULT_REDIS_URL, RedisConfig, RedisStore, default_redis_url
 from pipelines.store.registry import BACKENDS, StoreSpec, check_store, open_store, parse_store_uri
-from pipelines.store.result import ReadResult, RequestRead
+from pipelines.store.result import ContextRead, ReadResult, RequestRead
 
 __all__ = [
     "BACKENDS",
     "DEFAULT_REDIS_URL",
     "NULL_MS",
     "Clock",
+    "ContextRead",
     "Encoding",
     "Key",
     "LmdbConfig",

@@ -30,16 +30,20 @@ from pipelines.errors import PipelinesError
 from pipelines.store.batch import RepresentationArrays
 from pipelines.store.codec import (
     ENCODINGS,
+    NULL_MS,
     DecodedRecords,
     Encoding,
     Key,
     computed_at_of,
+    decode_context,
+    encode_context_key,
+    encode_contexts,
     encode_key,
     encode_keys,
     encode_records,
     version_id,
 )
-from pipelines.store.result import ReadResult, RequestRead
+from pipelines.store.result import ContextRead, ReadResult, RequestRead
 
 __all__ = [
     "Clock",
@@ -202,16 +206,31 @@ class OnlineStore(abc.ABC):
         the encoded key and the stored value. Keys are read sorted by (user, ad), so a user's keys come
         together (LMDB then finds most of them on the page it is on); ``order`` (N,), the rows in that
         order, spares the sort when the caller knows it (e.g. from :func:`pair_grid`)."""
+        return self._read(user_id, ad_id, has_ad, order=order, max_age_s=max_age_s)[0]
+
+    def _read(
+        self,
+        user_id: np.ndarray,
+        ad_id: np.ndarray,
+        has_ad: np.ndarray,
+        *,
+        order: np.ndarray | None,
+        max_age_s: float | None,
+        extra: Sequence[bytes] = (),
+    ) -> tuple[ReadResult, list[bytes]]:
+        """:meth:`read_arrays`, and the raw values of ``extra`` keys read in the same round trip."""
         user_id = np.asarray(user_id, dtype=np.int64)
         ad_id = np.where(has_ad, np.asarray(ad_id, dtype=np.int64), 0)
         has_ad = np.asarray(has_ad, dtype=bool)
         if order is None:
             order = np.lexsort((ad_id, user_id))
-        decoded = DecodedRecords(self._get(encode_keys(user_id[order], ad_id[order], has_ad[order])))
+        values = self._get(encode_keys(user_id[order], ad_id[order], has_ad[order]) + list(extra))
+        n = len(user_id)
+        decoded = DecodedRecords(values[:n])
         unknown = sorted(set(decoded.versions[0].tolist()) - self._version_names.keys())
         if unknown:
             self._version_names.update(self._versions(unknown))
-        return ReadResult.build(
+        result = ReadResult.build(
             user_id,
             ad_id,
             has_ad,
@@ -222,6 +241,7 @@ class OnlineStore(abc.ABC):
             max_age_s=self.options.max_age_s if max_age_s is None else max_age_s,
             expire_after_s=self.options.expire_after_s,
         )
+        return result, values[n:]
 
     def read_for_request(
         self,
@@ -230,20 +250,23 @@ class OnlineStore(abc.ABC):
         neighbor_ids: Iterable[int] = (),
         *,
         max_age_s: float | None = None,
+        with_context: bool = False,
     ) -> RequestRead:
-        """A request's exact pairs, the user-level record and neighbours' pairs, in one round trip."""
+        """A request's exact pairs, the user-level record and neighbours' pairs, in one round trip;
+        ``with_context``: also the user's context record (:meth:`write_contexts`), in the same trip."""
         ads, neighbors = _int64s(ad_ids), _int64s(neighbor_ids)
         a = len(ads)
         users, ad_col, order = pair_grid(np.concatenate([[user_id], neighbors]).astype(np.int64), ads)
         n = len(users)  # rows: the user's pairs, the neighbours' pairs, the user-level key last
         has_ad = np.ones(n + 1, dtype=bool)
         has_ad[n] = False
-        result = self.read_arrays(
+        result, extra = self._read(
             np.append(users, user_id),
             np.append(ad_col, 0),
             has_ad,
             order=np.concatenate([[n], order]),
             max_age_s=max_age_s,
+            extra=[encode_context_key(user_id)] if with_context else [],
         )
         return RequestRead(
             user_id=user_id,
@@ -252,7 +275,51 @@ class OnlineStore(abc.ABC):
             pairs=result.take(slice(0, a)),
             user=result.take(slice(n, n + 1)),
             neighbor_pairs=result.take(slice(a, n)),
+            context=self._context(extra[0], max_age_s) if with_context else None,
         )
+
+    def write_contexts(
+        self,
+        user_id: np.ndarray,
+        payloads: Sequence[bytes],
+        *,
+        model_version: str,
+        computed_at_ms: np.ndarray,
+        history_watermark_ms: np.ndarray | None = None,
+    ) -> WriteReport:
+        """Write each user's context record (opaque ``payloads``, one per ``user_id`` (N,)) in one round
+        trip, with the representations' semantics: the newest ``computed_at_ms`` (N,) wins, ages and
+        expiry as for a representation."""
+        n = len(payloads)
+        if len(user_id) != n or len(computed_at_ms) != n:
+            raise ValueError(f"write_contexts: {len(user_id)} users, {n} payloads, {len(computed_at_ms)} times")
+        if n == 0:
+            return WriteReport(0, 0, 0)
+        vid = version_id(model_version)
+        watermark = np.full(n, NULL_MS, np.int64) if history_watermark_ms is None else history_watermark_ms
+        values = encode_contexts(payloads, np.full(n, vid, np.uint64), computed_at_ms, watermark)
+        keys, values = _last_per_key([encode_context_key(int(u)) for u in user_id], values)
+        written = self._put(keys, values, {vid: model_version})
+        self._version_names[vid] = model_version
+        return WriteReport(written, len(keys) - written, sum(map(len, values)))
+
+    def read_contexts(self, user_ids: Iterable[int], *, max_age_s: float | None = None) -> list[ContextRead]:
+        """The context records of ``user_ids``, in one round trip."""
+        values = self._get([encode_context_key(int(u)) for u in user_ids])
+        return [self._context(v, max_age_s) for v in values]
+
+    def _context(self, value: bytes, max_age_s: float | None) -> ContextRead:
+        bound = self.options.max_age_s if max_age_s is None else max_age_s
+        if not value:
+            return ContextRead.missing()
+        head, payload = decode_context(value)
+        age = self.clock() - int(head["computed_at_ms"]) / 1000.0
+        if self.options.expire_after_s is not None and age > self.options.expire_after_s:
+            return ContextRead.missing()
+        vid = int(head["version_id"])
+        if vid not in self._version_names:
+            self._version_names.update(self._versions([vid]))
+        return ContextRead(True, payload, age, bound is not None and age > bound, self._version_names.get(vid))
 
     def delete_batch(self, keys: Sequence[Key]) -> int:
         """Remove ``keys``; returns how many existed."""

@@ -17,6 +17,11 @@ Value (little-endian, one numpy structured dtype per (encoding, dim)):
 so a 64-dim record is 168 bytes as float16 and 104 bytes as int8. Key: the user id
 as 8 big-endian bytes for a user-level representation, followed by the ad id (8 more)
 for a pair, so a user's records share a prefix.
+
+A user's *context* record (opaque bytes a downstream ranker needs about the user, written
+next to the representations) has the key ``user id + b"#"`` (9 bytes) and the value header
+of :func:`context_dtype` (magic CONTEXT_MAGIC, ``version_id`` at 16, ``computed_at_ms`` at
+24 as above, so newest-wins and expiry work unchanged), then the payload.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ ENCODINGS: tuple[Encoding, ...] = ("float16", "int8")
 Key = tuple[int, int | None]
 
 RECORD_MAGIC = 1
+CONTEXT_MAGIC = 2
+CONTEXT_KEY_SUFFIX = b"#"
 NULL_MS = np.iinfo(np.int64).min
 HEADER_BYTES = 40
 COMPUTED_AT_OFFSET = 24
@@ -100,6 +107,47 @@ def decode_key(key: bytes) -> Key:
         return _USER.unpack(key)[0], None
     user, ad = _PAIR.unpack(key)
     return user, ad
+
+
+def encode_context_key(user_id: int) -> bytes:
+    """The key of ``user_id``'s context record (sorted right after its user-level record)."""
+    return _USER.pack(user_id) + CONTEXT_KEY_SUFFIX
+
+
+CONTEXT_DTYPE = np.dtype(
+    [
+        ("magic", "u1"),
+        ("reserved", "V7"),
+        ("payload_bytes", "<u8"),
+        ("version_id", "<u8"),
+        ("computed_at_ms", "<i8"),
+        ("history_watermark_ms", "<i8"),
+    ]
+)
+
+
+def encode_contexts(
+    payloads: Sequence[bytes], version_ids: np.ndarray, computed_at_ms: np.ndarray, history_watermark_ms: np.ndarray
+) -> list[bytes]:
+    """Pack N context records: the :data:`CONTEXT_DTYPE` header, then each payload."""
+    head = np.zeros(len(payloads), dtype=CONTEXT_DTYPE)
+    head["magic"] = CONTEXT_MAGIC
+    head["payload_bytes"] = [len(p) for p in payloads]
+    head["version_id"] = version_ids
+    head["computed_at_ms"] = computed_at_ms
+    head["history_watermark_ms"] = history_watermark_ms
+    return [h.tobytes() + p for h, p in zip(head, payloads, strict=True)]
+
+
+def decode_context(value: bytes) -> tuple[np.void, bytes]:
+    """``(header, payload)`` of one stored context record."""
+    if len(value) < CONTEXT_DTYPE.itemsize or value[0] != CONTEXT_MAGIC:
+        raise ValueError(f"not a context record (magic {value[:1]!r}, {len(value)} bytes)")
+    head = np.frombuffer(value, dtype=CONTEXT_DTYPE, count=1)[0]
+    payload = value[CONTEXT_DTYPE.itemsize :]
+    if len(payload) != int(head["payload_bytes"]):
+        raise ValueError(f"context record truncated: {len(payload)} of {int(head['payload_bytes'])} payload bytes")
+    return head, payload
 
 
 def quantize_int8(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -11,7 +11,7 @@ import pyarrow as pa
 from pipelines.store.codec import NULL_MS, DecodedRecords, Key
 from schemas.layouts import representation_schema
 
-__all__ = ["ReadResult", "RequestRead"]
+__all__ = ["ContextRead", "ReadResult", "RequestRead"]
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,8 @@ class RequestRead:
     """One request's reads from a single round trip (see ``OnlineStore.read_for_request``).
 
     ``pairs`` (A,): row j is (user_id, ad_ids[j]). ``user`` (1,): (user_id, None).
-    ``neighbor_pairs`` (K*A,): row k*A + j is (neighbor_ids[k], ad_ids[j]).
+    ``neighbor_pairs`` (K*A,): row k*A + j is (neighbor_ids[k], ad_ids[j]). ``context``: the
+    user's context record when asked for (``with_context``), else None.
     """
 
     user_id: int
@@ -176,6 +177,24 @@ class RequestRead:
     pairs: ReadResult
     user: ReadResult
     neighbor_pairs: ReadResult
+    context: ContextRead | None = None
+
+
+@dataclass(frozen=True)
+class ContextRead:
+    """A user's context record: ``payload`` as written (``b""`` when not ``found``: missing or past
+    ``expire_after_s``), its ``age_s`` (NaN when missing), ``stale`` (older than ``max_age_s``) and
+    ``model_version``."""
+
+    found: bool
+    payload: bytes
+    age_s: float
+    stale: bool
+    model_version: str | None
+
+    @classmethod
+    def missing(cls) -> ContextRead:
+        return cls(False, b"", float("nan"), False, None)
 
 
 def _full(n: int, fill: float, dtype: type, at: np.ndarray, values: np.ndarray) -> np.ndarray:

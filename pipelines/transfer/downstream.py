@@ -12,13 +12,12 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import pyarrow as pa
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from pipelines.model.embed import hash_ids
-from pipelines.model.inputs import ExampleSet, GemBatch, HistoryIndex, build_candidate_batch
+from pipelines.model.inputs import ExampleSet, GemBatch
 
 __all__ = [
     "Distill",
@@ -32,7 +31,7 @@ __all__ = [
     "predict_adapted",
     "predict_ranker",
     "ranker_inputs",
-    "request_inputs",
+    "row_features",
 ]
 
 WINDOW = 32
@@ -87,48 +86,31 @@ def inputs_from_batch(b: GemBatch, labels: np.ndarray | None = None, window: int
         values = getattr(b, name)
         if b.num_tokens:
             seq[:, :, j] = torch.where(valid, values[flat], torch.full_like(flat, -1))
-    same = [
-        ((seq[:, :, 3] == b.target_item[:, None]) & valid).float().sum(1),
-        ((seq[:, :, 0] == b.target_category[:, None]) & valid & (b.target_category[:, None] >= 0)).float().sum(1),
-    ]
-    dense = torch.cat([b.counts, torch.log1p(torch.stack(same, 1))], 1)
-    ids = torch.stack(
-        [b.target_item, b.target_advertiser, b.target_category, b.request_surface, b.device, b.target_is_ad], 1
+    ids, dense = row_features(
+        seq,
+        valid,
+        torch.stack(
+            [b.target_item, b.target_advertiser, b.target_category, b.request_surface, b.device, b.target_is_ad], 1
+        ),
+        b.counts,
     )
     y = np.zeros(n, np.float32) if labels is None else np.asarray(labels, np.float32)
-    return RankerInputs(ids.numpy(), dense.numpy().astype(np.float32), seq.numpy(), y)
+    return RankerInputs(ids, dense, seq.numpy(), y)
 
 
-def request_inputs(index: HistoryIndex, candidates: pa.Table, catalog: pa.Table, window: int = WINDOW) -> RankerInputs:
-    """The inputs of ONE candidate request (a one-row CANDIDATES table): the user's window is cut
-    once and shared by every ad (``window (1, W, 4)``), as the rows of :func:`inputs_from_batch`
-    would each hold it; per-ad fields and the target's matches in the window are per row."""
-    if candidates.num_rows != 1:
-        raise ValueError(f"request_inputs takes one request, got {candidates.num_rows}")
-    rows = build_candidate_batch(index, candidates, max_len=0, catalog=catalog)  # targets, counts; no events
-    first = candidates.set_column(
-        candidates.schema.get_field_index("ad_ids"), "ad_ids", pa.array([[0]], pa.list_(pa.int64()))
-    )
-    one = inputs_from_batch(build_candidate_batch(index, first, max_len=window), window=window)
-    seq = torch.from_numpy(one.window)  # (1, W, 4)
-    valid = (seq[:, :, 0] >= 0) | (seq[:, :, 3] >= 0)
+def row_features(
+    seq: torch.Tensor, valid: torch.Tensor, ids: torch.Tensor, counts: torch.Tensor
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids (N, 6) int64, dense (N, F) float32)`` of N rows from their window ``seq (N|1, W, 4)``
+    (``valid (N|1, W)`` marks events), their ids (target item, advertiser, category, request
+    surface, device, is_ad) and count features ``counts (N, C)``: dense = the counts, then log1p of
+    the target item's and category's matches in the window. One window may serve every row."""
     same = [
-        ((seq[:, :, 3] == rows.target_item[:, None]) & valid).float().sum(1),
-        ((seq[:, :, 0] == rows.target_category[:, None]) & valid & (rows.target_category[:, None] >= 0)).float().sum(1),
+        ((seq[:, :, 3] == ids[:, 0, None]) & valid).float().sum(1),
+        ((seq[:, :, 0] == ids[:, 2, None]) & valid & (ids[:, 2, None] >= 0)).float().sum(1),
     ]
-    dense = torch.cat([rows.counts, torch.log1p(torch.stack(same, 1))], 1)
-    ids = torch.stack(
-        [
-            rows.target_item,
-            rows.target_advertiser,
-            rows.target_category,
-            rows.request_surface,
-            rows.device,
-            rows.target_is_ad,
-        ],
-        1,
-    )
-    return RankerInputs(ids.numpy(), dense.numpy().astype(np.float32), one.window, np.zeros(rows.num_rows, np.float32))
+    dense = torch.cat([counts, torch.log1p(torch.stack(same, 1))], 1)
+    return ids.numpy(), dense.numpy().astype(np.float32)
 
 
 @dataclass(frozen=True)

@@ -140,7 +140,8 @@ def test_a_request_shares_one_window_and_scores_as_row_by_row(world: tuple[Path,
     import pyarrow as pa
 
     from pipelines.model import ad_catalog, build_candidate_batch
-    from pipelines.transfer.downstream import DownstreamRanker, inputs_from_batch, predict_ranker, request_inputs
+    from pipelines.transfer.context import request_inputs
+    from pipelines.transfer.downstream import DownstreamRanker, inputs_from_batch, predict_ranker
 
     features, _ = world
     histories, _ = load_features(features)

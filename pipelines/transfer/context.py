@@ -1,0 +1,130 @@
+"""What the downstream ranker needs about a user, precomputed next to the user's representation.
+
+A user's *context* is the non-sequence user side of the ranker's inputs as of a time ``at``:
+the last :data:`WINDOW` events before ``at`` (category, event type, surface, item) and the
+prefix totals the count features come from (each event type's count with evicted events, their
+sum, the last event's time). :func:`write_user_contexts` stores it as the user's context record
+(``OnlineStore.write_contexts``), the same precompute step that writes the representations; a
+request then reads it in the representations' round trip (``read_for_request(...,
+with_context=True)``) and does per-ad work only (:func:`context_inputs`): no history decoding.
+
+Training and serving build identical inputs: :func:`request_inputs` (from the history index, as
+of the request) goes through the same two functions, and the ranker's rows from
+``inputs_from_batch`` equal them (tests). A context computed at ``at`` answers a request at
+``t >= at`` exactly when the user had no event in ``[at, t)``; the seconds since the last event
+are taken at ``t``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from pipelines.model.inputs import AdLookup, HistoryIndex, build_candidate_batch, count_features, lookup_ads
+from pipelines.store import OnlineStore, WriteReport
+from pipelines.transfer.downstream import WINDOW, RankerInputs, inputs_from_batch, row_features
+from schemas.enums import EVENT_TYPES
+
+__all__ = [
+    "context_dtype",
+    "context_inputs",
+    "decode_contexts",
+    "encode_contexts",
+    "request_inputs",
+    "user_contexts",
+    "write_user_contexts",
+]
+
+
+def context_dtype(window: int = WINDOW) -> np.dtype:
+    """One user's context: ``window (W, 4) int64`` (-1 = padding), ``totals (T+1,) float64``
+    (``HistoryIndex.prefix_totals``), ``last_ms int64`` (``NULL_LAST_MS`` without events)."""
+    return np.dtype([("window", "<i8", (window, 4)), ("totals", "<f8", (len(EVENT_TYPES) + 1,)), ("last_ms", "<i8")])
+
+
+def user_contexts(index: HistoryIndex, user_ids: np.ndarray, at_ms: np.ndarray, window: int = WINDOW) -> np.ndarray:
+    """``(N,)`` contexts of ``user_ids`` (N,) as of ``at_ms`` (N,) (events strictly before it)."""
+    users = np.asarray(user_ids, np.int64)
+    at = np.asarray(at_ms, np.int64)
+    probe = pa.table(
+        {
+            "user_id": pa.array(users, pa.int64()),
+            "surface": pa.nulls(len(users), pa.int8()),
+            "request_time": pa.array(at, pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
+            "ad_ids": pa.array([[0]] * len(users), pa.list_(pa.int64())),
+        }
+    )
+    out = np.zeros(len(users), dtype=context_dtype(window))
+    out["window"] = inputs_from_batch(build_candidate_batch(index, probe, max_len=window), window=window).window
+    rows = index.rows_of(users)
+    out["totals"], out["last_ms"] = index.prefix_totals(rows, index.ends_before(rows, at))
+    return out
+
+
+def encode_contexts(contexts: np.ndarray) -> list[bytes]:
+    """One payload per context (its dtype's bytes)."""
+    return [c.tobytes() for c in contexts]
+
+
+def decode_contexts(payloads: Iterable[bytes], window: int = WINDOW) -> np.ndarray:
+    """Inverse of :func:`encode_contexts`; raises ValueError on a payload of another layout."""
+    dtype = context_dtype(window)
+    blobs = list(payloads)
+    if any(len(b) != dtype.itemsize for b in blobs):
+        raise ValueError(
+            f"context payloads of {sorted({len(b) for b in blobs})} bytes, expected {dtype.itemsize} "
+            f"(window {window}); rewrite the contexts with this version's write_user_contexts"
+        )
+    return np.frombuffer(b"".join(blobs), dtype=dtype).copy()
+
+
+def write_user_contexts(
+    store: OnlineStore, index: HistoryIndex, user_ids: np.ndarray, at_ms: int, *, model_version: str
+) -> WriteReport:
+    """Compute the contexts of ``user_ids`` as of ``at_ms`` and store them (computed_at = ``at_ms``)."""
+    users = np.asarray(user_ids, np.int64)
+    contexts = user_contexts(index, users, np.full(len(users), at_ms, np.int64))
+    times = np.full(len(users), at_ms, np.int64)
+    return store.write_contexts(users, encode_contexts(contexts), model_version=model_version, computed_at_ms=times)
+
+
+def context_inputs(
+    context: np.void | None, ad_ids: np.ndarray, catalog: pa.Table | AdLookup, *, surface: int, request_ms: int
+) -> RankerInputs:
+    """The ranker's inputs of one request: ``ad_ids`` (A,) for the user of ``context`` (None: a user
+    without a stored context, read as one without events) on ``surface`` at ``request_ms``; a server
+    passes the catalog prepared once (:class:`AdLookup`). The
+    window is shared by the A rows (``window (1, W, 4)``); per ad: its ids and its matches in it."""
+    if context is None:
+        context = np.zeros(1, context_dtype())[0]
+        context["window"] = -1
+        context["last_ms"] = np.iinfo(np.int64).min
+    ads = np.asarray(ad_ids, np.int64)
+    a = len(ads)
+    advertiser, category = lookup_ads(catalog, ads)
+    request = np.array([surface, -1, 1], np.int64)  # request surface, device (unknown), is_ad
+    ids = np.concatenate([np.stack([ads, advertiser, category], 1), np.broadcast_to(request, (a, 3))], 1)
+    counts = count_features(context["totals"][None, :], np.array([context["last_ms"]]), request_ms)
+    seq = torch.from_numpy(np.ascontiguousarray(context["window"])[None])
+    valid = (seq[:, :, 0] >= 0) | (seq[:, :, 3] >= 0)
+    ids_out, dense = row_features(seq, valid, torch.from_numpy(ids), torch.from_numpy(counts).expand(a, -1))
+    return RankerInputs(ids_out, dense, seq.numpy(), np.zeros(a, np.float32))
+
+
+def request_inputs(
+    index: HistoryIndex, candidates: pa.Table, catalog: pa.Table | AdLookup, window: int = WINDOW
+) -> RankerInputs:
+    """The inputs of ONE candidate request (a one-row CANDIDATES table) from the history index: the
+    user's context as of the request time, then :func:`context_inputs`, as serving does from the
+    stored context."""
+    if candidates.num_rows != 1:
+        raise ValueError(f"request_inputs takes one request, got {candidates.num_rows}")
+    user = int(candidates.column("user_id")[0].as_py())
+    at_ms = int(candidates.column("request_time").cast(pa.int64())[0].as_py())
+    surface = candidates.column("surface")[0].as_py()
+    context = user_contexts(index, np.array([user]), np.array([at_ms]), window)[0]
+    ads = np.asarray(candidates.column("ad_ids")[0].as_py(), np.int64)
+    return context_inputs(context, ads, catalog, surface=-1 if surface is None else int(surface), request_ms=at_ms)
