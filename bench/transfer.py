@@ -39,13 +39,14 @@ import torch
 from bench.common import QUICK, WORK, generate, result, untrained_model
 from pipelines.durations import HOUR_MS
 from pipelines.model import GemModel, HistoryIndex, ad_catalog, build_candidate_batch, load_model
+from pipelines.model.context import decode_contexts
 from pipelines.model.inputs import AdLookup
 from pipelines.model.train.data import load_features
 from pipelines.similarity.policy import FallbackPath, ResolverConfig
 from pipelines.store import LmdbConfig, LmdbStore, OnlineStore
 from pipelines.transfer.asof import resolve_paths
 from pipelines.transfer.compress import fit_codec, rep_block
-from pipelines.transfer.context import context_inputs, decode_contexts, request_inputs, write_user_contexts
+from pipelines.transfer.context import context_inputs, request_inputs, write_user_contexts
 from pipelines.transfer.data import VerticalSpec
 from pipelines.transfer.downstream import DownstreamRanker, RankerConfig, inputs_from_batch, predict_ranker
 from pipelines.transfer.experiment import TransferConfig, run_transfer

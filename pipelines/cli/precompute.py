@@ -35,6 +35,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--all-users", action="store_true", help="also emit a user-level representation for every user with a history"
     )
+    parser.add_argument(
+        "--contexts",
+        action="store_true",
+        help="also write each written user's context record to --store (the last 32 events and the prefix counts "
+        "a downstream ranker reads with the representations; pipelines/model/context.py)",
+    )
     flags.add_device(parser)
     parser.add_argument(
         "--batching",
@@ -68,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         output=args.output,
         store=args.store,
         all_users=args.all_users,
+        contexts=args.contexts,
         device=args.device,
         batching=args.batching,
         token_budget=args.token_budget,

@@ -52,6 +52,7 @@ class PrecomputeConfig:
     output: str
     store: str | None = None
     all_users: bool = False
+    contexts: bool = False
     device: str = "auto"
     batching: Batching = "tokens"
     token_budget: int = 32_768
@@ -63,6 +64,8 @@ class PrecomputeConfig:
             raise ConfigError("--token-budget", f"got {self.token_budget}", "pass a positive number of tokens")
         if self.batch_size < 1:
             raise ConfigError("--batch-size", f"got {self.batch_size}", "pass a positive number of requests")
+        if self.contexts and not self.store:
+            raise ConfigError("--contexts", "context records live only in the online store", "pass --store too")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError("--device", f"got {self.device!r}", "pass auto, cpu or cuda")
         if self.store and self.store.startswith("lmdb://") and "://" not in self.output:
@@ -154,6 +157,7 @@ def build_precompute(
         model_version=resolved.model_version,
         watermark_ms=resolved.watermark_ms,
         computed_at_ms=computed_at_ms,
+        contexts_from=resolved.features_root if config.contexts else None,
     )
     dead = (read[DEAD], failed) | "AllDead" >> beam.Flatten()
     _ = dead | "WriteDeadLetters" >> WriteDeadLetters(root)
@@ -165,6 +169,7 @@ def build_precompute(
         "model_version": resolved.model_version,
         "store": redact(config.store) if config.store else None,
         "all_users": config.all_users,
+        "contexts": config.contexts,
         "batching": config.batching,
         "token_budget": config.token_budget,
     }

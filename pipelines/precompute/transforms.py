@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import apache_beam as beam
@@ -102,10 +103,14 @@ class _PrepareFn(beam.DoFn):
                 yield shard, batch
 
     def _histories(self, shard: int) -> pa.Table:
-        from apache_beam.io.filesystems import FileSystems
+        return _shard_histories(self._features, shard)
 
-        path = shard_path(self._features, HISTORIES, shard)
-        return read_table(path, HISTORY) if FileSystems.exists(path) else HISTORY.schema.empty_table()
+
+def _shard_histories(features: str, shard: int) -> pa.Table:
+    from apache_beam.io.filesystems import FileSystems
+
+    path = shard_path(features, HISTORIES, shard)
+    return read_table(path, HISTORY) if FileSystems.exists(path) else HISTORY.schema.empty_table()
 
 
 class PrepareRequests(beam.PTransform):
@@ -159,12 +164,21 @@ def _inference_dead_letter(failure: tuple[Any, Exception]) -> pa.Table:
 _Results = tuple[Representations, np.ndarray]
 
 
+@dataclass(frozen=True)
+class _WriteSpec:
+    output: str
+    store_uri: str | None
+    model_version: str
+    watermark_ms: int | None
+    computed_at_ms: int
+    contexts_from: str | None
+
+
 class _WriteShardFn(beam.DoFn):
-    def __init__(
-        self, output: str, store_uri: str | None, model_version: str, watermark_ms: int | None, computed_at_ms: int
-    ) -> None:
-        self._output, self._store_uri = output, store_uri
-        self._model_version, self._watermark_ms, self._computed_at_ms = model_version, watermark_ms, computed_at_ms
+    def __init__(self, spec: _WriteSpec) -> None:
+        self._output, self._store_uri = spec.output, spec.store_uri
+        self._model_version, self._watermark_ms = spec.model_version, spec.watermark_ms
+        self._computed_at_ms, self._contexts_from = spec.computed_at_ms, spec.contexts_from
 
     def setup(self) -> None:
         self._store = None
@@ -187,15 +201,37 @@ class _WriteShardFn(beam.DoFn):
         )
         table, superseded = latest_per_key(table, request_ms)
         write_table(table, shard_path(self._output, REPRESENTATIONS, shard), REPRESENTATION)
+        contexts = 0
         if self._store is not None:
             self._store.write_batch(table)
+            if self._contexts_from is not None:
+                contexts = self._write_contexts(shard, table)
         users = int(pc.sum(table.column("ad_id").is_null()).as_py() or 0)
         yield {
             "pairs_out": table.num_rows - users,
             "users_out": users,
             "pairs_superseded": superseded,
             "tokens": int(reps.num_tokens.sum()),
-        }
+        } | ({"contexts_out": contexts} if self._contexts_from is not None else {})
+
+    def _write_contexts(self, shard: int, table: pa.Table) -> int:
+        """The context record (:mod:`pipelines.model.context`) of every user written here, as of all
+        of the shard's stored events, with the representations' computed_at and model version."""
+        from pipelines.model.context import encode_contexts, user_contexts
+
+        assert self._store is not None and self._contexts_from is not None
+        index = HistoryIndex(_shard_histories(self._contexts_from, shard))
+        users = np.unique(table.column("user_id").to_numpy())
+        at = int(index.event_time.max()) + 1 if index.num_events else 0
+        contexts = user_contexts(index, users, np.full(len(users), at, np.int64))
+        self._store.write_contexts(
+            users,
+            encode_contexts(contexts),
+            model_version=self._model_version,
+            computed_at_ms=np.full(len(users), self._computed_at_ms, np.int64),
+            history_watermark_ms=None if self._watermark_ms is None else np.full(len(users), self._watermark_ms),
+        )
+        return len(users)
 
 
 class _ConcatResults(beam.CombineFn):
@@ -222,13 +258,25 @@ class _ConcatResults(beam.CombineFn):
 
 class WriteRepresentations(beam.PTransform):
     """(shard, (Representations, request times)) per request → Parquet per shard (+ the online store);
-    outputs count dicts."""
+    outputs count dicts. With ``contexts_from`` (a features root) and a store, also each written
+    user's context record."""
 
     def __init__(
-        self, output: str, *, store_uri: str | None, model_version: str, watermark_ms: int | None, computed_at_ms: int
+        self,
+        output: str,
+        *,
+        store_uri: str | None,
+        model_version: str,
+        watermark_ms: int | None,
+        computed_at_ms: int,
+        contexts_from: str | None = None,
     ) -> None:
         super().__init__()
-        self._fn = _WriteShardFn(output, store_uri, model_version, watermark_ms, computed_at_ms)
+        if contexts_from is not None and not store_uri:
+            raise ValueError("contexts_from needs a store_uri: context records live only in the online store")
+        self._fn = _WriteShardFn(
+            _WriteSpec(output, store_uri, model_version, watermark_ms, computed_at_ms, contexts_from)
+        )
 
     def expand(self, reps: beam.PCollection) -> beam.PCollection:
         return reps | "ConcatByShard" >> beam.CombinePerKey(_ConcatResults()) | "Write" >> beam.ParDo(self._fn)

@@ -8,6 +8,8 @@
 
 Backends: :class:`LmdbStore` (embedded, file-backed, the default) and :class:`RedisStore`.
 Records are a fixed binary layout (``codec``): 168 bytes for 64 float16 dims, 104 as int8.
+A user's context record (opaque bytes for a downstream ranker) sits beside them:
+``store.write_contexts(...)``, ``read_for_request(..., with_context=True)``.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
-"""What the downstream ranker needs about a user, precomputed next to the user's representation.
+"""The downstream ranker's inputs from a user's context (:mod:`pipelines.model.context`), kept next
+to the user's representation.
 
-A user's *context* is the non-sequence user side of the ranker's inputs as of a time ``at``:
-the last :data:`WINDOW` events before ``at`` (category, event type, surface, item) and the
-prefix totals the count features come from (each event type's count with evicted events, their
-sum, the last event's time). :func:`write_user_contexts` stores it as the user's context record
-(``OnlineStore.write_contexts``), the same precompute step that writes the representations; a
-request then reads it in the representations' round trip (``read_for_request(...,
-with_context=True)``) and does per-ad work only (:func:`context_inputs`): no history decoding.
+The precompute step (``precompute --contexts``) or :func:`write_user_contexts` stores the context
+as the user's context record (``OnlineStore.write_contexts``); a request reads it in the
+representations' round trip (``read_for_request(..., with_context=True)``) and does per-ad work
+only (:func:`context_inputs`): no history decoding.
 
 Training and serving build identical inputs: :func:`request_inputs` (from the history index, as
 of the request) goes through the same two functions, and the ranker's rows from
@@ -17,68 +15,16 @@ are taken at ``t``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import numpy as np
 import pyarrow as pa
 import torch
 
-from pipelines.model.inputs import AdLookup, HistoryIndex, build_candidate_batch, count_features, lookup_ads
+from pipelines.model.context import WINDOW, context_dtype, encode_contexts, user_contexts
+from pipelines.model.inputs import AdLookup, HistoryIndex, count_features, lookup_ads
 from pipelines.store import OnlineStore, WriteReport
-from pipelines.transfer.downstream import WINDOW, RankerInputs, inputs_from_batch, row_features
-from schemas.enums import EVENT_TYPES
+from pipelines.transfer.downstream import RankerInputs, row_features
 
-__all__ = [
-    "context_dtype",
-    "context_inputs",
-    "decode_contexts",
-    "encode_contexts",
-    "request_inputs",
-    "user_contexts",
-    "write_user_contexts",
-]
-
-
-def context_dtype(window: int = WINDOW) -> np.dtype:
-    """One user's context: ``window (W, 4) int64`` (-1 = padding), ``totals (T+1,) float64``
-    (``HistoryIndex.prefix_totals``), ``last_ms int64`` (``NULL_LAST_MS`` without events)."""
-    return np.dtype([("window", "<i8", (window, 4)), ("totals", "<f8", (len(EVENT_TYPES) + 1,)), ("last_ms", "<i8")])
-
-
-def user_contexts(index: HistoryIndex, user_ids: np.ndarray, at_ms: np.ndarray, window: int = WINDOW) -> np.ndarray:
-    """``(N,)`` contexts of ``user_ids`` (N,) as of ``at_ms`` (N,) (events strictly before it)."""
-    users = np.asarray(user_ids, np.int64)
-    at = np.asarray(at_ms, np.int64)
-    probe = pa.table(
-        {
-            "user_id": pa.array(users, pa.int64()),
-            "surface": pa.nulls(len(users), pa.int8()),
-            "request_time": pa.array(at, pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
-            "ad_ids": pa.array([[0]] * len(users), pa.list_(pa.int64())),
-        }
-    )
-    out = np.zeros(len(users), dtype=context_dtype(window))
-    out["window"] = inputs_from_batch(build_candidate_batch(index, probe, max_len=window), window=window).window
-    rows = index.rows_of(users)
-    out["totals"], out["last_ms"] = index.prefix_totals(rows, index.ends_before(rows, at))
-    return out
-
-
-def encode_contexts(contexts: np.ndarray) -> list[bytes]:
-    """One payload per context (its dtype's bytes)."""
-    return [c.tobytes() for c in contexts]
-
-
-def decode_contexts(payloads: Iterable[bytes], window: int = WINDOW) -> np.ndarray:
-    """Inverse of :func:`encode_contexts`; raises ValueError on a payload of another layout."""
-    dtype = context_dtype(window)
-    blobs = list(payloads)
-    if any(len(b) != dtype.itemsize for b in blobs):
-        raise ValueError(
-            f"context payloads of {sorted({len(b) for b in blobs})} bytes, expected {dtype.itemsize} "
-            f"(window {window}); rewrite the contexts with this version's write_user_contexts"
-        )
-    return np.frombuffer(b"".join(blobs), dtype=dtype).copy()
+__all__ = ["context_inputs", "request_inputs", "write_user_contexts"]
 
 
 def write_user_contexts(

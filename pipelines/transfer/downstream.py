@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipelines.model.context import WINDOW, last_events
 from pipelines.model.embed import hash_ids
 from pipelines.model.inputs import ExampleSet, GemBatch
 
@@ -34,7 +35,6 @@ __all__ = [
     "row_features",
 ]
 
-WINDOW = 32
 #: Hash buckets of each categorical field: (item, advertiser, category, surface, device, event type).
 BUCKETS = {"item": 4096, "advertiser": 1024, "category": 256, "surface": 16, "device": 4, "event_type": 16}
 _SALTS = {"item": 11, "advertiser": 13, "category": 17}
@@ -76,16 +76,7 @@ def ranker_inputs(examples: ExampleSet, task: str, window: int = WINDOW) -> Rank
 def inputs_from_batch(b: GemBatch, labels: np.ndarray | None = None, window: int = WINDOW) -> RankerInputs:
     """The ranker's inputs from a model batch cut with ``max_len=window`` (training examples, or the
     rows of a live request from :func:`pipelines.model.inputs.build_candidate_batch`)."""
-    n = b.num_rows
-    lengths = b.lengths
-    pos = torch.arange(window)[None, :]
-    valid = pos < lengths[:, None]
-    flat = (b.offsets[:-1, None] + pos).clamp(max=max(b.num_tokens - 1, 0))
-    seq = torch.full((n, window, 4), -1, dtype=torch.int64)
-    for j, name in enumerate(("category", "event_type", "surface", "item_id")):
-        values = getattr(b, name)
-        if b.num_tokens:
-            seq[:, :, j] = torch.where(valid, values[flat], torch.full_like(flat, -1))
+    seq, valid = last_events(b, window)
     ids, dense = row_features(
         seq,
         valid,
@@ -94,7 +85,7 @@ def inputs_from_batch(b: GemBatch, labels: np.ndarray | None = None, window: int
         ),
         b.counts,
     )
-    y = np.zeros(n, np.float32) if labels is None else np.asarray(labels, np.float32)
+    y = np.zeros(b.num_rows, np.float32) if labels is None else np.asarray(labels, np.float32)
     return RankerInputs(ids, dense, seq.numpy(), y)
 
 

@@ -48,7 +48,7 @@ def _reps(out: Path) -> pa.Table:
 @pytest.fixture(scope="module")
 def run_all_users(world: World, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("reps")
-    return out, _run(world, out, "--all-users", "--store", f"lmdb://{out}-store")
+    return out, _run(world, out, "--all-users", "--store", f"lmdb://{out}-store", "--contexts")
 
 
 def test_every_pair_and_user_gets_a_representation(world: World, run_all_users) -> None:
@@ -95,6 +95,32 @@ def test_store_holds_what_parquet_holds(run_all_users) -> None:
     assert result.found.all()
     expected = np.stack(reps.column("embedding").to_numpy(zero_copy_only=False)).astype(np.float32)
     assert np.allclose(result.embedding, expected, atol=1e-3)
+
+
+def test_store_holds_each_users_context_as_of_its_histories(world: World, run_all_users) -> None:
+    """--contexts: every written user's context record, with the representations' version and time,
+    equal to the context computed from the histories after their last event."""
+    from pipelines.model import HistoryIndex
+    from pipelines.model.context import decode_contexts, user_contexts
+    from pipelines.store import open_store
+
+    out, summary = run_all_users
+    reps = _reps(out)
+    users = np.unique(reps.column("user_id").to_numpy())
+    assert summary["contexts_out"] == len(users) and summary["contexts"] is True
+    histories = ds.dataset(world.features / "histories", format="parquet", partitioning="hive").to_table()
+    index = HistoryIndex(histories.drop_columns([c for c in histories.column_names if c == "shard"]))
+    expected = user_contexts(index, users, np.full(len(users), int(index.event_time.max()) + 1))
+    with open_store(f"lmdb://{out}-store") as store:
+        got = store.read_contexts(users.tolist())
+    assert all(c.found for c in got)
+    assert {c.model_version for c in got} == set(reps.column("model_version").to_pylist())
+    decoded = decode_contexts([c.payload for c in got])
+    np.testing.assert_array_equal(decoded["window"], expected["window"])
+    np.testing.assert_array_equal(decoded["totals"], expected["totals"])
+    has_events = expected["last_ms"] != np.iinfo(np.int64).min
+    assert has_events.any()
+    np.testing.assert_array_equal(decoded["last_ms"], expected["last_ms"])
 
 
 def test_users_without_history_and_bad_rows(world: World, tmp_path: Path) -> None:
@@ -153,6 +179,8 @@ def test_bad_flags_fail_before_work(world: World, tmp_path: Path, capsys) -> Non
     assert "--token-budget" in capsys.readouterr().err
     assert main([*base, "--features", str(world.features), "--model", str(world.model), "--store", "mongodb://x"]) == 2
     assert "--store" in capsys.readouterr().err
+    assert main([*base, "--features", str(world.features), "--model", str(world.model), "--contexts"]) == 2
+    assert "--contexts" in capsys.readouterr().err
 
 
 def test_check_candidates_reasons() -> None:

@@ -10,15 +10,10 @@ import pyarrow as pa
 import pytest
 
 from pipelines.model import HistoryIndex, ad_catalog, build_candidate_batch
+from pipelines.model.context import decode_contexts, encode_contexts, user_contexts
 from pipelines.model.inputs import ExampleSet
 from pipelines.store import LmdbConfig, LmdbStore, ManualClock
-from pipelines.transfer.context import (
-    context_inputs,
-    decode_contexts,
-    encode_contexts,
-    user_contexts,
-    write_user_contexts,
-)
+from pipelines.transfer.context import context_inputs, write_user_contexts
 from pipelines.transfer.downstream import RankerInputs, inputs_from_batch, ranker_inputs
 from tests.model.toyworld import ToyWorld, make_world
 
