@@ -182,3 +182,22 @@ def validate_spark(options: PipelineOptions) -> None:
                 "--spark_master_url", f"got {master!r}", "pass local[N] or spark://HOST:7077 of a running cluster"
             )
         reachable(master, "--spark_master_url", "start the Spark master or pass the right spark://HOST:PORT")
+
+
+def cancel_flink_job(master: str, job_name: str) -> list[str]:
+    """Cancel the unfinished jobs named ``job_name`` on the Flink cluster whose REST API is ``master``
+    (``host:port``); returns their ids. Needed because cancelling through Beam's portable job
+    server (2.62) stops the submission, not the job, which would keep running on the cluster."""
+    import json
+    import urllib.request
+
+    base = master if master.startswith("http") else f"http://{master}"
+    with urllib.request.urlopen(f"{base}/jobs/overview", timeout=10) as answer:
+        jobs = json.load(answer)["jobs"]
+    ended = ("FINISHED", "CANCELED", "FAILED")
+    found = [j["jid"] for j in jobs if j["name"] == job_name and j["state"] not in ended]
+    for jid in found:
+        request = urllib.request.Request(f"{base}/jobs/{jid}?mode=cancel", method="PATCH")
+        with urllib.request.urlopen(request, timeout=10):
+            pass
+    return found

@@ -54,7 +54,7 @@ def pipeline_options(args: argparse.Namespace, beam_args: Sequence[str] = ()) ->
         required = {"runner": args.runner}
         found = default_prism() if args.runner == "PrismRunner" else None
         defaults = {"prism_location": found} if found else {}
-        defaults |= jobservers.default_options(args.runner, _values(given))
+        defaults |= jobservers.default_options(args.runner, given_values(given))
         if args.runner != "DataflowRunner":
             defaults |= JOB_SERVER_TIMEOUT
     options = PipelineOptions(
@@ -85,7 +85,7 @@ def _names(flags: Sequence[str]) -> set[str]:
 def merge_flags(user: Sequence[str], *, required: dict[str, str | None], defaults: dict[str, str]) -> list[str]:
     """The user's Beam flags plus the project's: a ``required`` option (``None`` = a switch) the
     user also gave must agree, else :class:`ConfigError`; a default is added only when not given."""
-    given = _values(user)
+    given = given_values(user)
     for name, value in required.items():
         if name in given and given[name] != value:
             raise ConfigError(
@@ -100,7 +100,7 @@ def merge_flags(user: Sequence[str], *, required: dict[str, str | None], default
     return [*user, *(f"--{k}" if v is None else f"--{k}={v}" for k, v in extra.items())]
 
 
-def _values(flags: Sequence[str]) -> dict[str, str | None]:
+def given_values(flags: Sequence[str]) -> dict[str, str | None]:
     """``{name: value}`` of ``--name=value``, ``--name value`` and ``--switch`` flags."""
     found: dict[str, str | None] = {}
     for i, flag in enumerate(flags):

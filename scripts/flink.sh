@@ -14,7 +14,7 @@
 # The Flink home comes from two PyPI files, downloaded (pip download --no-deps), never
 # installed: the apache-flink-libraries sdist (lib/, opt/, plugins/, bin/bash-java-utils.jar)
 # and the apache-flink wheel (bin/*.sh, conf/). Everything lives under $FLINK_STATE
-# (default .cache/flink, git-ignored): downloads/, flink-<v>/ (the home; conf/config.yaml
+# (default .cache/flink, git-ignored): downloads/, flink-<v>/ (the home), conf/ (config.yaml
 # rendered from deploy/flink/config.yaml.in), run/ (pid files), log/, tmp/, checkpoints/.
 # `up` is idempotent (a running cluster is left alone; a lost TaskManager is restarted) and
 # safe to run concurrently (flock). REST and web UI on http://127.0.0.1:$FLINK_REST_PORT
@@ -29,13 +29,19 @@ MINOR="${FLINK_MINOR:-$(versions_env FLINK_MINOR)}"
 # The cluster: the Flink release the runner for $MINOR was built against.
 VERSION="${FLINK_VERSION:-$MINOR.0}"
 STATE="${FLINK_STATE:-$ROOT/.cache/flink}"
-FLINK_HOME="$STATE/flink-$VERSION"
+# The Flink home (the software) may be shared: a second cluster (the TaskManager-kill test)
+# points GEM_FLINK_HOME at the assembled one and keeps its own $FLINK_STATE (config, pids,
+# logs, checkpoints) and ports. Flink's scripts read the configuration from $FLINK_CONF_DIR.
+FLINK_HOME="${GEM_FLINK_HOME:-$STATE/flink-$VERSION}"
+export FLINK_CONF_DIR="$STATE/conf"
 PORT="${FLINK_REST_PORT:-8081}"
 RPC_PORT="${FLINK_RPC_PORT:-6123}"
 SLOTS="${FLINK_SLOTS:-2}"
 JM_MEMORY="${FLINK_JM_MEMORY:-1024m}"
 TM_MEMORY="${FLINK_TM_MEMORY:-2560m}"
 WAIT_S="${FLINK_WAIT_S:-120}"
+HEARTBEAT_INTERVAL="${FLINK_HEARTBEAT_INTERVAL_MS:-10000}"
+HEARTBEAT_TIMEOUT="${FLINK_HEARTBEAT_TIMEOUT_MS:-50000}"
 BEAM_RUNNER_VERSION="${BEAM_FLINK_RUNNER_VERSION:-$(versions_env BEAM_FLINK_RUNNER_VERSION)}"
 JOB_PORT="${FLINK_JOB_PORT:-8099}"
 JARS="$ROOT/.cache/jars"
@@ -133,13 +139,19 @@ EOF
     mv "$tmp" "$FLINK_HOME"
 }
 
+# render_config: this cluster's conf/ under $STATE (the home's logging files, our config.yaml).
 render_config() {
-    mkdir -p "$STATE/run" "$STATE/log" "$STATE/tmp/web" "$STATE/checkpoints" "$STATE/savepoints"
+    mkdir -p "$STATE/run" "$STATE/log" "$STATE/tmp/web" "$STATE/checkpoints" "$STATE/savepoints" "$FLINK_CONF_DIR"
+    local f
+    for f in "$FLINK_HOME"/conf/*; do
+        case "$(basename "$f")" in config.yaml* | masters | workers) ;; *) cp "$f" "$FLINK_CONF_DIR/" ;; esac
+    done
     sed -e "s|@STATE@|$STATE|g" -e "s|@PORT@|$PORT|g" -e "s|@RPC_PORT@|$RPC_PORT|g" \
         -e "s|@SLOTS@|$SLOTS|g" -e "s|@JM_MEMORY@|$JM_MEMORY|g" -e "s|@TM_MEMORY@|$TM_MEMORY|g" \
-        "$DEPLOY/config.yaml.in" >"$FLINK_HOME/conf/config.yaml"
-    echo "127.0.0.1:$PORT" >"$FLINK_HOME/conf/masters"
-    echo "127.0.0.1" >"$FLINK_HOME/conf/workers"
+        -e "s|@HEARTBEAT_INTERVAL@|$HEARTBEAT_INTERVAL|g" -e "s|@HEARTBEAT_TIMEOUT@|$HEARTBEAT_TIMEOUT|g" \
+        "$DEPLOY/config.yaml.in" >"$FLINK_CONF_DIR/config.yaml"
+    echo "127.0.0.1:$PORT" >"$FLINK_CONF_DIR/masters"
+    echo "127.0.0.1" >"$FLINK_CONF_DIR/workers"
 }
 
 # daemon jobmanager|taskmanager start|stop-all: Flink's own script, in a session of its own

@@ -18,16 +18,27 @@ set in --candidates is recent) before their offsets are committed.
 letters per reason, flush and refresh latencies, freshness, buffered events, users,
 RSS); on a terminal a status line comes every 5 s.
 
-Runs on Beam's Prism runner built by `make prism` (never downloaded at run time).
+Runs on Beam's Prism runner built by `make prism` (never downloaded at run time), or
+with --runner FlinkRunner on a Flink cluster (`make flink-up`): there the histories live
+in Beam keyed state that Flink checkpoints (--checkpointing_interval, default 5000 ms;
+the cluster's state backend), offsets are committed when a checkpoint that covers
+them completes, and --idle-exit cancels the job once the group has committed the
+whole topic for that long.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import uuid
+from typing import TYPE_CHECKING, Any
 
 from pipelines.cli import flags
 from pipelines.errors import ConfigError
+
+if TYPE_CHECKING:
+    from apache_beam.options.pipeline_options import PipelineOptions
 
 ACCEPTS_BEAM_ARGS = True
 
@@ -96,30 +107,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_connection_arguments(parser)
     group = parser.add_argument_group(
-        "runner", "the job runs on Beam's Prism; other Beam pipeline options in Beam's spelling go to Beam as given"
+        "runner",
+        "the job runs on Beam's Prism, or with --runner FlinkRunner --flink_master HOST:8081 on Flink; "
+        "other Beam (and Flink runner) options in Beam's spelling go to Beam as given",
     )
     flags.beam_flag(group, "prism_location", metavar="PATH", help="Prism binary (Beam's option; default: make prism's)")
 
 
 def run(args: argparse.Namespace) -> int:
     import apache_beam as beam
-    from apache_beam.options.pipeline_options import PipelineOptions
 
     from pipelines.io.commit import writer_lock
     from pipelines.io.kafka.config import connection_from_args
     from pipelines.io.kafka.ranges import Position
-    from pipelines.runners import JOB_SERVER_TIMEOUT, check_known, default_prism, merge_flags
     from pipelines.streaming.config import StreamConfig
     from pipelines.streaming.job import build_stream, start_offsets
 
     logging.getLogger("kafka").setLevel(logging.WARNING)
-    prism = args.prism_location or default_prism()
-    if not prism:
-        raise ConfigError(
-            "--prism_location",
-            "no Prism binary found",
-            "build it with `make prism` (Beam would otherwise download it at run time)",
-        )
+    on_flink = _runner(args.beam_args) == "FlinkRunner"
     config = StreamConfig(
         topic=args.topic,
         output=args.output,
@@ -137,7 +142,9 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         torch_threads=args.torch_threads,
         max_future_s=args.max_future,
+        state="keyed" if on_flink else "worker",
     )
+    options = _flink_options(args.beam_args) if on_flink else _prism_options(args)
     _check_output(args.output)
     if config.store:
         from pipelines.store import check_store
@@ -156,6 +163,44 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger(__name__).info(
         "stream: %s from %s", args.topic, ", ".join(f"{s.partition}@{s.start}" for s in starts)
     )
+    from pipelines.streaming.lag import watch_stream
+
+    stop_watching = watch_stream(connection, args.topic, args.group, args.metrics_port)
+    try:
+        with writer_lock(args.output):  # one job per --output; a dead one frees it
+            p = beam.Pipeline(options=options)
+            build_stream(p, connection, config, starts)
+            if on_flink:
+                _run_on_flink(p, connection, config, args.idle_exit)
+            else:
+                p.run().wait_until_finish()
+    finally:
+        stop_watching()
+    print(f"stream: {args.topic} finished (idle for {args.idle_exit} s); histories in {args.output}/histories")
+    return 0
+
+
+def _runner(beam_args: list[str]) -> str:
+    from pipelines.runners import given_values
+
+    runner = given_values(beam_args).get("runner") or "PrismRunner"
+    if runner not in ("PrismRunner", "FlinkRunner"):
+        raise ConfigError("--runner", f"stream runs on PrismRunner or FlinkRunner, got {runner}", "pick one of them")
+    return runner
+
+
+def _prism_options(args: argparse.Namespace) -> PipelineOptions:
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipelines.runners import JOB_SERVER_TIMEOUT, check_known, default_prism, merge_flags
+
+    prism = args.prism_location or default_prism()
+    if not prism:
+        raise ConfigError(
+            "--prism_location",
+            "no Prism binary found",
+            "build it with `make prism` (Beam would otherwise download it at run time)",
+        )
     flags_ = merge_flags(
         args.beam_args,
         required={"runner": "PrismRunner", "streaming": None, "prism_location": prism},
@@ -169,17 +214,64 @@ def run(args: argparse.Namespace) -> int:
     )
     options = PipelineOptions(flags_, save_main_session=False, pickle_library="cloudpickle")
     check_known(options, args.beam_args)
-    from pipelines.streaming.lag import watch_stream
+    return options
 
-    stop_watching = watch_stream(connection, args.topic, args.group, args.metrics_port)
+
+def _flink_options(beam_args: list[str]) -> PipelineOptions:
+    """FlinkRunner in streaming mode with checkpoints (they drive the offset commits), the built
+    job server jar and, on this host, the SDK harness in this process."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipelines import jobservers
+    from pipelines.runners import JOB_SERVER_TIMEOUT, check_known, given_values, merge_flags
+
+    given = given_values(beam_args)
+    if given.get("shutdown_sources_after_idle_ms") is not None:
+        raise ConfigError(
+            "--shutdown_sources_after_idle_ms",
+            "finished sources make the portable Flink operators wait for timers forever",
+            "drop it: --idle-exit ends the job",
+        )
+    defaults = jobservers.default_options("FlinkRunner", given) | {
+        "checkpointing_interval": "5000",
+        "job_name": f"gem-stream-{uuid.uuid4().hex[:12]}",  # so that the driver can cancel it by name
+        **JOB_SERVER_TIMEOUT,
+    }
+    flags_ = merge_flags(beam_args, required={"runner": "FlinkRunner", "streaming": None}, defaults=defaults)
+    options = PipelineOptions(flags_, save_main_session=False, pickle_library="cloudpickle")
+    check_known(options, beam_args, jobservers.FLINK_OPTIONS)
+    interval = given_values(flags_).get("checkpointing_interval") or ""
+    if not interval.isdigit() or int(interval) <= 0:
+        raise ConfigError(
+            "--checkpointing_interval",
+            f"got {interval!r}",
+            "pass milliseconds > 0: offsets are committed on checkpoints",
+        )
+    jobservers.validate_flink(options)
+    return options
+
+
+def _run_on_flink(p: Any, connection: Any, config: Any, idle_exit: float | None) -> None:
+    from apache_beam.options.pipeline_options import FlinkRunnerOptions, GoogleCloudOptions
+
+    from pipelines.jobservers import EMBEDDED_FLINK, cancel_flink_job
+    from pipelines.streaming.drive import run_until_idle
+
+    master = p.options.view_as(FlinkRunnerOptions).flink_master or "[auto]"
+    name = p.options.view_as(GoogleCloudOptions).job_name
+    result = p.run()
+
+    def cancel() -> None:
+        if master not in EMBEDDED_FLINK:  # Beam's cancel leaves the cluster's job running
+            cancel_flink_job(master, name)
+        result.cancel()  # stops the job server and the LOOPBACK workers
+
     try:
-        # one job per --output; a dead one frees it
-        with writer_lock(args.output), beam.Pipeline(options=options) as p:
-            build_stream(p, connection, config, starts)
-    finally:
-        stop_watching()
-    print(f"stream: {args.topic} finished (idle for {args.idle_exit} s); histories in {args.output}/histories")
-    return 0
+        run_until_idle(result, connection, config.topic, config.group, idle_exit, cancel)
+    except BaseException:  # a failed job, or ^C: never leave it running on the cluster
+        with contextlib.suppress(Exception):
+            cancel()
+        raise
 
 
 def _check_output(output: str) -> None:

@@ -95,12 +95,22 @@ class CommitOffsetsFn(beam.DoFn):
     A commit is a broker round trip: advances are committed at most
     every ``COMMIT_INTERVAL_S`` (the reader's empty acknowledgements keep this
     going on a quiet topic), and once more when the input ends.
+
+    With ``on_checkpoint`` (keyed state on a checkpointing runner) nothing is committed
+    in the bundle: the bundle registers a finalization callback that commits the
+    ledger's ``next`` as of the bundle, and the runner calls it only once a checkpoint
+    that covers the bundle has completed (Flink: ``notifyCheckpointComplete``). So a
+    committed offset is both flushed to the files and covered by the runner's state:
+    a restore from the last checkpoint never sits behind the group's offsets.
     """
 
     COMMIT_INTERVAL_S = 0.5
 
-    def __init__(self, connection: KafkaConnection, config: StreamConfig, starts: dict[int, int]) -> None:
+    def __init__(
+        self, connection: KafkaConnection, config: StreamConfig, starts: dict[int, int], *, on_checkpoint: bool = False
+    ) -> None:
         self._connection, self._config, self._starts = connection, config, dict(starts)
+        self._on_checkpoint = on_checkpoint
 
     def setup(self) -> None:
         from kafka import KafkaConsumer
@@ -108,41 +118,62 @@ class CommitOffsetsFn(beam.DoFn):
         self._consumer = KafkaConsumer(
             **self._connection.kafka_python(), group_id=self._config.group, enable_auto_commit=False
         )
+        self._registered: dict[int, int] = {}  # partition -> the offset a pending finalization commits
 
-    def process(self, element: tuple[int, np.ndarray], ledger: Any = LEDGER, end: Any = COMMIT_AT_END) -> None:
+    def process(
+        self,
+        element: tuple[int, np.ndarray],
+        ledger: Any = LEDGER,
+        end: Any = COMMIT_AT_END,
+        finalizer: Any = beam.DoFn.BundleFinalizerParam,
+    ) -> None:
         partition, offsets = element
         book = ledger.read()
         if book is None:
             book = _Commits(OffsetLedger(self._starts[partition]))
             end.set(GlobalWindow().max_timestamp())
         book.ledger.add(offsets)
-        if time.monotonic() - book.at >= self.COMMIT_INTERVAL_S:
+        if self._on_checkpoint:
+            self._commit_when_checkpointed(partition, book.ledger.next, finalizer)
+        elif time.monotonic() - book.at >= self.COMMIT_INTERVAL_S:
             self._commit(partition, book)
         ledger.write(book)
 
     @on_timer(_COMMIT_AT_END)
     def on_end(self, partition: Any = KEY, ledger: Any = LEDGER) -> None:
         book = ledger.read()
-        if book is not None:
+        if book is not None and not self._on_checkpoint:  # on_checkpoint: the reader waits for its commits
             self._commit(partition, book)
             ledger.write(book)
 
     def _commit(self, partition: int, book: _Commits) -> None:
+        book.at = time.monotonic()
+        if book.ledger.next > book.committed and self._send(partition, book.ledger.next):
+            book.committed = book.ledger.next
+
+    def _commit_when_checkpointed(self, partition: int, offset: int, finalizer: Any) -> None:
+        if offset <= self._registered.get(partition, -1):
+            return
+        self._registered[partition] = offset
+
+        def commit() -> None:
+            if not self._send(partition, offset):  # the next acknowledgement or tick registers again
+                self._registered.pop(partition, None)
+
+        finalizer.register(commit)
+
+    def _send(self, partition: int, offset: int) -> bool:
         from kafka import TopicPartition
         from kafka.errors import KafkaError
         from kafka.structs import OffsetAndMetadata
 
-        book.at = time.monotonic()
-        if book.ledger.next > book.committed:
-            tp = TopicPartition(self._config.topic, partition)
-            try:
-                self._consumer.commit({tp: OffsetAndMetadata(book.ledger.next, "", -1)})
-            except KafkaError as exc:  # broker away: the next acknowledgement or tick tries again
-                log.warning(
-                    "%s/%s: commit of %d failed (%r); retrying later", tp.topic, partition, book.ledger.next, exc
-                )
-                return
-            book.committed = book.ledger.next
+        tp = TopicPartition(self._config.topic, partition)
+        try:
+            self._consumer.commit({tp: OffsetAndMetadata(offset, "", -1)})
+        except KafkaError as exc:  # broker away
+            log.warning("%s/%s: commit of %d failed (%r); retrying later", tp.topic, partition, offset, exc)
+            return False
+        return True
 
     def teardown(self) -> None:
         self._consumer.close()

@@ -33,6 +33,10 @@ class StreamConfig:
     torch_threads: int = 1
     #: Events later than the job's clock plus this become ``future_time`` dead letters.
     max_future_s: float = 86_400.0
+    #: Where histories live between flushes: ``worker`` (flush files + the worker's memory, for Prism)
+    #: or ``keyed`` (Beam keyed state checkpointed by the runner, offsets committed when a checkpoint
+    #: completes: Flink).
+    state: str = "worker"
     #: The job's clock (seconds since the epoch), read once per decoded batch; injectable for tests.
     clock: Callable[[], float] = time.time
 
@@ -67,6 +71,14 @@ class StreamConfig:
             raise ConfigError("--candidate-ttl", f"got {self.candidate_ttl_s}", "pass a positive number of seconds")
         if self.torch_threads < 1:
             raise ConfigError("--torch-threads", f"got {self.torch_threads}", "pass 1 or more")
+        if self.state not in ("worker", "keyed"):
+            raise ConfigError("state", f"got {self.state!r}", "use 'worker' (Prism) or 'keyed' (Flink)")
+        if self.state == "keyed" and self.model is not None:
+            raise ConfigError(
+                "--model",
+                "the representation refresh runs beside worker state (Prism) only",
+                "drop --model/--store on Flink, or run stream on Prism (the default runner)",
+            )
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError("--device", f"got {self.device!r}", "pass auto, cpu or cuda")
 

@@ -56,6 +56,7 @@ from pipelines.io.kafka.consume import PartitionPoller
 from pipelines.io.shards import split_by_shard
 from pipelines.streaming.acks import CommitOffsetsFn, WriteDeadLettersFn, open_sink
 from pipelines.streaming.config import StreamConfig
+from pipelines.streaming.keyed import AppendKeyedHistoriesFn
 from pipelines.streaming.state import OFFSET, PARTITION
 from schemas.layouts import EVENT
 
@@ -173,6 +174,7 @@ class _ReadPartitionFn(beam.DoFn):
         from pipelines.io.kafka.ranges import PartitionRange
 
         p, now = element.partition, time.monotonic()
+        keyed = self._config.state == "keyed"  # a checkpointing runner loses nothing between stages
         seen, since, checked = self._commits.get(p, (-1, now, 0.0))
         if now - checked < 1.0:
             return
@@ -186,7 +188,7 @@ class _ReadPartitionFn(beam.DoFn):
             self._commits[p] = (committed, now, now)
             return
         self._commits[p] = (committed, since, now)
-        if now - since < self._config.redeliver_after_s:
+        if keyed or now - since < self._config.redeliver_after_s:
             return
         log.warning(
             "%s/%s: offsets [%d, %d) unacknowledged for %.0f s: reading them again",
@@ -325,12 +327,15 @@ def build_stream(
         .with_output_types(tuple[int, pa.Table])
         .with_outputs(ACKS, DEAD, main="events")
     )
-    flushed = read["events"] | "AppendHistories" >> beam.ParDo(_AppendHistoriesFn(connection, config))
+    keyed = config.state == "keyed"
+    append = AppendKeyedHistoriesFn(connection, config) if keyed else _AppendHistoriesFn(connection, config)
+    flushed = read["events"] | "AppendHistories" >> beam.ParDo(append)
     written = read[DEAD] | "WriteDeadLetters" >> beam.ParDo(WriteDeadLettersFn(connection, config))
     _ = (
         (flushed, written, read[ACKS])
         | "AllAcks" >> beam.Flatten()
-        | "CommitOffsets" >> beam.ParDo(CommitOffsetsFn(connection, config, {s.partition: s.start for s in starts}))
+        | "CommitOffsets"
+        >> beam.ParDo(CommitOffsetsFn(connection, config, {s.partition: s.start for s in starts}, on_checkpoint=keyed))
     )
 
 

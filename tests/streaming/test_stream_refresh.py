@@ -17,7 +17,7 @@ from pipelines.store import open_store
 from pipelines.store.redis_store import default_redis_url
 from tests.conftest import require_redis
 from tests.fixtures.kafka import MakeTopic, produce
-from tests.streaming.test_streaming import _committed, _keyed, _replay, _stream_cmd
+from tests.streaming.streams import committed, keyed, replay, stream_cmd
 
 pytestmark = pytest.mark.integration
 
@@ -76,10 +76,10 @@ def test_streamed_users_get_the_batch_precompute_representation_before_their_off
     store = f"{default_redis_url()}?namespace=gem-test:{uuid.uuid4().hex}:"
     lines, candidates, model = _world(tmp_path)
     topic, group = make_topic(2), f"g-{uuid.uuid4().hex[:8]}"
-    produce(kafka, topic, lines, keys=_keyed(lines))
+    produce(kafka, topic, lines, keys=keyed(lines))
     out = tmp_path / "stream"
     done = subprocess.run(
-        _stream_cmd(
+        stream_cmd(
             topic,
             group,
             out,
@@ -99,10 +99,10 @@ def test_streamed_users_get_the_batch_precompute_representation_before_their_off
         timeout=240,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert sum(c or 0 for c in _committed(kafka, topic, group, 2)) == len(lines)
+    assert sum(c or 0 for c in committed(kafka, topic, group, 2)) == len(lines)
 
     # the same histories replayed in batch, then the batch precompute's user-level rows
-    histories = _replay(topic, tmp_path / "batch")
+    histories = replay(topic, tmp_path / "batch")
     batch_reps = tmp_path / "reps"
     subprocess.run(
         [

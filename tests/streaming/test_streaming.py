@@ -6,121 +6,21 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from pipelines.io.kafka.config import KafkaConnection
 from pipelines.streaming.state import latest_histories
-from tests.fixtures.kafka import BOOTSTRAP, MakeTopic, kafka_sh, produce
+from tests.fixtures.kafka import MakeTopic, kafka_sh, produce
+from tests.streaming.streams import committed, generate, keyed, replay, same_histories, stream_cmd
 
 pytestmark = pytest.mark.integration
-
-
-def _generate(tmp_path: Path, users: int, seed: int) -> list[bytes]:
-    events = tmp_path / f"events-{seed}.jsonl"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipelines",
-            "generate",
-            "--users",
-            str(users),
-            "--days",
-            "2",
-            "--seed",
-            str(seed),
-            "--output",
-            str(events),
-            "--bad-fraction",
-            "0.01",
-            "--duplicate-fraction",
-            "0.03",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    return [raw for raw in events.read_bytes().splitlines() if raw.strip()]
-
-
-def _keyed(lines: list[bytes]) -> list[bytes | None]:
-    from pipelines.io.kafka.produce import _key_of
-
-    return [_key_of(v) for v in lines]
-
-
-def _stream_cmd(topic: str, group: str, output: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "pipelines",
-        "stream",
-        "--topic",
-        topic,
-        "--group",
-        group,
-        "--output",
-        str(output),
-        "--num-shards",
-        "4",
-        "--flush-interval",
-        "0.3",
-        "--bootstrap-servers",
-        BOOTSTRAP,
-        *extra,
-    ]
-
-
-def _replay(topic: str, output: Path) -> pa.Table:
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipelines",
-            "replay",
-            "--topic",
-            topic,
-            "--output",
-            str(output),
-            "--num-shards",
-            "4",
-            "--bootstrap-servers",
-            BOOTSTRAP,
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    tables = [pq.read_table(f) for f in sorted((output / "histories").glob("*/*.parquet"))]
-    return pa.concat_tables(tables).sort_by("user_id")
-
-
-def _committed(connection: KafkaConnection, topic: str, group: str, partitions: int) -> list[int | None]:
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(**connection.kafka_python(), group_id=group, enable_auto_commit=False)
-    try:
-        return [consumer.committed(TopicPartition(topic, p)) for p in range(partitions)]
-    finally:
-        consumer.close()
-
-
-def _same_histories(streamed: pa.Table, batch: pa.Table) -> None:
-    # The watermark says when a history was complete: it differs by design (a flush
-    # knows the events seen so far, a batch run the whole range).
-    left = streamed.drop_columns(["watermark"])
-    right = batch.drop_columns(["watermark"]).cast(left.schema)
-    assert left.num_rows == right.num_rows
-    assert left.equals(right)
 
 
 def _dead_sources(output: Path) -> list[str]:
@@ -131,22 +31,22 @@ def _dead_sources(output: Path) -> list[str]:
 def test_streaming_equals_replay_and_commits_everything(
     kafka: KafkaConnection, make_topic: MakeTopic, tmp_path: Path, prism: str
 ) -> None:
-    lines = _generate(tmp_path, 120, seed=21)
+    lines = generate(tmp_path, 120, seed=21)
     topic, group = make_topic(3), f"g-{uuid.uuid4().hex[:8]}"
-    produce(kafka, topic, lines, keys=_keyed(lines))
+    produce(kafka, topic, lines, keys=keyed(lines))
     out = tmp_path / "stream"
     _stream_to_idle(topic, group, out)
     batch_out = tmp_path / "batch"
-    _same_histories(latest_histories(str(out)), _replay(topic, batch_out))
+    same_histories(latest_histories(str(out)), replay(topic, batch_out))
     batch_dead = sorted(pq.read_table(batch_out / "dead_letters" / "part-00000.parquet").column("source").to_pylist())
     assert _dead_sources(out) == batch_dead and batch_dead
-    assert sum(c or 0 for c in _committed(kafka, topic, group, 3)) == len(lines)
+    assert sum(c or 0 for c in committed(kafka, topic, group, 3)) == len(lines)
 
 
 def _stream_to_idle(topic: str, group: str, out: Path) -> None:
     """Run the streaming job until the topic has been idle for 3 s; it must exit cleanly."""
     done = subprocess.run(
-        _stream_cmd(topic, group, out, "--idle-exit", "3"), capture_output=True, text=True, timeout=240
+        stream_cmd(topic, group, out, "--idle-exit", "3"), capture_output=True, text=True, timeout=240
     )
     assert done.returncode == 0, done.stderr[-3000:]
 
@@ -177,13 +77,13 @@ def _start_on_first_half(
     """Generate ``users``' events, produce the first half to a new topic and start the streaming job on it in
     the background, in its own session (so a SIGKILL takes its Prism too). Its stderr goes to ``log``, a file
     rather than a pipe: a full pipe would block the job."""
-    lines = _generate(tmp_path, users, seed=seed)
+    lines = generate(tmp_path, users, seed=seed)
     first = lines[: len(lines) // 2]
     topic, group = make_topic(partitions), f"g-{uuid.uuid4().hex[:8]}"
-    produce(kafka, topic, first, keys=_keyed(first))
+    produce(kafka, topic, first, keys=keyed(first))
     out, log = tmp_path / "stream", tmp_path / "stream.log"
     job = subprocess.Popen(
-        _stream_cmd(topic, group, out), stdout=subprocess.DEVNULL, stderr=log.open("wb"), start_new_session=True
+        stream_cmd(topic, group, out), stdout=subprocess.DEVNULL, stderr=log.open("wb"), start_new_session=True
     )
     return _HalfStreamed(lines, topic, group, out, log, job)
 
@@ -197,13 +97,13 @@ def test_sigkill_mid_topic_then_restart_loses_and_duplicates_nothing(
     def produce_slowly() -> None:  # the second half trickles in over ~3 s, so the kill lands mid-topic
         for chunk in range(10):
             part = second[chunk::10]
-            produce(kafka, topic, part, keys=_keyed(part))
+            produce(kafka, topic, part, keys=keyed(part))
             time.sleep(0.3)
 
     late = threading.Thread(target=produce_slowly)
     try:
         deadline = time.monotonic() + 120
-        while not any(_committed(kafka, topic, group, 3)):
+        while not any(committed(kafka, topic, group, 3)):
             assert job.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline, "the job committed nothing within 120 s"
             time.sleep(0.2)
@@ -212,12 +112,12 @@ def test_sigkill_mid_topic_then_restart_loses_and_duplicates_nothing(
     finally:
         _kill(job)  # ... and the job (and its Prism) dies mid-topic
         late.join(timeout=120)
-    committed = _committed(kafka, topic, group, 3)
-    assert 0 < sum(c or 0 for c in committed) < len(lines), f"not mid-topic: {committed} of {len(lines)}"
+    at_kill = committed(kafka, topic, group, 3)
+    assert 0 < sum(c or 0 for c in at_kill) < len(lines), f"not mid-topic: {at_kill} of {len(lines)}"
     _stream_to_idle(topic, group, out)
-    batch = _replay(topic, tmp_path / "batch")
-    _same_histories(latest_histories(str(out)), batch)
-    assert sum(c or 0 for c in _committed(kafka, topic, group, 3)) == len(lines)
+    batch = replay(topic, tmp_path / "batch")
+    same_histories(latest_histories(str(out)), batch)
+    assert sum(c or 0 for c in committed(kafka, topic, group, 3)) == len(lines)
 
 
 def _kill(job: subprocess.Popen[bytes]) -> None:
@@ -235,17 +135,17 @@ def test_broker_restart_while_streaming_loses_nothing(
     out, log, job = run.out, run.log, run.job
     try:
         deadline = time.monotonic() + 120
-        while sum(c or 0 for c in _committed(kafka, topic, group, 2)) < len(first):
+        while sum(c or 0 for c in committed(kafka, topic, group, 2)) < len(first):
             assert job.poll() is None and time.monotonic() < deadline, "the job did not take the first half"
             time.sleep(0.3)
         kafka_sh("down")  # the broker goes away under the running job ...
         kafka_sh("up")  # ... and comes back
-        produce(kafka, topic, second, keys=_keyed(second))
+        produce(kafka, topic, second, keys=keyed(second))
         deadline = time.monotonic() + 150
-        while sum(c or 0 for c in _committed(kafka, topic, group, 2)) < len(lines):
+        while sum(c or 0 for c in committed(kafka, topic, group, 2)) < len(lines):
             assert job.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline, "the job did not resume after the broker restart"
             time.sleep(0.3)
     finally:
         _kill(job)
-    _same_histories(latest_histories(str(out)), _replay(topic, tmp_path / "batch"))
+    same_histories(latest_histories(str(out)), replay(topic, tmp_path / "batch"))

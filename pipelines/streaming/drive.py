@@ -1,0 +1,80 @@
+"""Driving a streaming job that never ends by itself: watch it, and cancel it once its topic is done.
+
+On Flink with checkpointing, Beam keeps the job's sources alive (so that checkpoints
+go on) and a streaming job never reaches DONE; shutting them down
+(``--shutdown_sources_after_idle_ms``) makes the portable operators wait for their
+timers at the end of input, which hangs the job. So ``stream --idle-exit`` on Flink
+ends the job from the driver: once the consumer group's committed offsets equal the
+topic's end offsets and stay so for ``idle_exit_s``, every event read is flushed
+(a commit never gets ahead of a flush) and the job is cancelled with nothing left in it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pipelines.io.kafka.config import KafkaConnection
+
+__all__ = ["behind", "run_until_idle"]
+
+log = logging.getLogger(__name__)
+
+_TERMINAL = ("DONE", "FAILED", "CANCELLED", "STOPPED", "UPDATED", "DRAINED")
+
+
+def behind(consumer: Any, topic: str) -> int:
+    """Records of ``topic`` not yet committed by ``consumer``'s group (a partition without a commit
+    counts from its first offset)."""
+    from kafka import TopicPartition
+
+    tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+    if not tps:
+        return 0
+    ends, starts = consumer.end_offsets(tps), consumer.beginning_offsets(tps)
+    total = 0
+    for tp in tps:
+        found = consumer.committed(tp)
+        total += max(0, int(ends[tp]) - (int(starts[tp]) if found is None else int(found)))
+    return total
+
+
+def run_until_idle(
+    result: Any,
+    connection: KafkaConnection,
+    topic: str,
+    group: str,
+    idle_exit_s: float | None,
+    cancel: Callable[[], None],
+    poll_s: float = 1.0,
+) -> str:
+    """Wait for ``result`` (a running job); with ``idle_exit_s``, ``cancel()`` it once the group has
+    committed the whole topic for that long. Returns the job's final state; a job that fails raises."""
+    from kafka import KafkaConsumer
+    from kafka.errors import KafkaError
+
+    consumer = KafkaConsumer(**connection.kafka_python(), group_id=group, enable_auto_commit=False)
+    since: float | None = None
+    try:
+        while True:
+            state = str(result.state)
+            if state in _TERMINAL:
+                if state != "DONE":
+                    raise RuntimeError(f"the streaming job ended in state {state}; see the runner's log")
+                return state
+            if idle_exit_s is not None:
+                try:
+                    done = behind(consumer, topic) == 0
+                except KafkaError as exc:  # broker away: look again later
+                    log.debug("idle check: %r", exc)
+                    done = False
+                since = (since or time.monotonic()) if done else None
+                if since is not None and time.monotonic() - since >= idle_exit_s:
+                    log.info("stream: %s committed to its end for %.0f s: cancelling the job", topic, idle_exit_s)
+                    cancel()
+                    return "CANCELLED"
+            time.sleep(poll_s)
+    finally:
+        consumer.close()

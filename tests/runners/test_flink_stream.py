@@ -1,0 +1,145 @@
+"""``stream`` on Flink: keyed state checkpointed by Flink survives a SIGKILL of the TaskManager.
+
+The job runs at parallelism 2 on a Flink cluster of its own (2 slots; the same Flink home
+as ``make flink-up``'s, its own ports, configuration, checkpoints and logs), so killing its
+TaskManager disturbs no other job. Mid-topic, after a checkpoint has completed, the
+TaskManager is SIGKILLed; a replacement is started (a standalone cluster never restarts
+one by itself), Flink restarts the job from its last checkpoint, and once the group has
+committed the whole topic the histories must equal a ``replay`` of the same offsets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipelines.io.kafka.config import KafkaConnection
+from pipelines.jobservers import REPO, default_flink_jar, versions
+from pipelines.streaming.state import latest_histories
+from tests.fixtures.kafka import MakeTopic, produce
+from tests.runners.conftest import _free_port
+from tests.streaming.streams import committed, generate, keyed, replay, same_histories, stream_cmd
+
+pytestmark = pytest.mark.integration
+FLINK_SH = REPO / "scripts" / "flink.sh"
+
+
+@dataclass(frozen=True)
+class OwnFlink:
+    """A Flink session cluster of the test's own."""
+
+    env: dict[str, str]
+    state: Path
+    rest: str
+
+    def sh(self, command: str) -> None:
+        done = subprocess.run(["bash", str(FLINK_SH), command], env=self.env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    def get(self, path: str) -> Any:
+        with urllib.request.urlopen(f"http://{self.rest}{path}", timeout=5) as answer:
+            return json.load(answer)
+
+    def taskmanager_pid(self) -> int:
+        return int((self.state / "run" / "flink-gem-taskexecutor.pid").read_text().split()[0])
+
+
+@pytest.fixture
+def own_flink(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnFlink]:
+    home = REPO / ".cache" / "flink" / f"flink-{versions().get('FLINK_MINOR', '1.19')}.0"
+    if not (home / ".assembled").is_file() or not default_flink_jar():
+        pytest.fail("no Flink home or job server jar: run `make flink-up` and `make flink-jobserver`")
+    state, port = tmp_path_factory.mktemp("own-flink"), _free_port()
+    env = os.environ | {
+        "FLINK_STATE": str(state),
+        "GEM_FLINK_HOME": str(home),
+        "FLINK_REST_PORT": str(port),
+        "FLINK_RPC_PORT": str(_free_port()),
+        # a killed TaskManager is noticed within seconds, not the default 50 s
+        "FLINK_HEARTBEAT_INTERVAL_MS": "1000",
+        "FLINK_HEARTBEAT_TIMEOUT_MS": "10000",
+    }
+    cluster = OwnFlink(env, state, f"127.0.0.1:{port}")
+    cluster.sh("up")
+    try:
+        yield cluster
+    finally:
+        cluster.sh("down")
+
+
+def _flink_args(cluster: OwnFlink) -> list[str]:
+    return [
+        "--runner=FlinkRunner",
+        f"--flink_master={cluster.rest}",
+        "--parallelism=2",
+        "--checkpointing_interval=2000",
+        "--number_of_execution_retries=5",
+        "--execution_retry_delay=3000",
+        "--experiments=disable_logging_submission_environment",
+    ]
+
+
+def _running_job(cluster: OwnFlink, job: subprocess.Popen[bytes], log: Path, deadline: float) -> str:
+    while True:
+        assert job.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, "no running Flink job"
+        running = [j["jid"] for j in cluster.get("/jobs/overview")["jobs"] if j["state"] == "RUNNING"]
+        if running:
+            return str(running[0])
+        time.sleep(1)
+
+
+def test_stream_on_flink_survives_taskmanager_sigkill(
+    kafka: KafkaConnection, make_topic: MakeTopic, own_flink: OwnFlink, tmp_path: Path
+) -> None:
+    lines = generate(tmp_path, 150, seed=31)
+    first, second = lines[: len(lines) // 2], lines[len(lines) // 2 :]
+    topic, group = make_topic(2, prefix="i17-flink-stream"), f"i17-g-{uuid.uuid4().hex[:8]}"
+    produce(kafka, topic, first, keys=keyed(first))
+    out, log = tmp_path / "stream", tmp_path / "stream.log"
+    cmd = stream_cmd(topic, group, out, "--idle-exit", "5", *_flink_args(own_flink))
+    job = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.open("wb"), start_new_session=True)
+
+    def produce_slowly() -> None:  # the second half trickles in, so the kill lands mid-topic
+        for chunk in range(10):
+            part = second[chunk::10]
+            produce(kafka, topic, part, keys=keyed(part))
+            time.sleep(0.5)
+
+    late = threading.Thread(target=produce_slowly)
+    try:
+        deadline = time.monotonic() + 300
+        jid = _running_job(own_flink, job, log, deadline)
+        while not any(committed(kafka, topic, group, 2)):  # a checkpoint completed and committed
+            assert job.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the job committed nothing within 300 s"
+            time.sleep(0.5)
+        late.start()
+        time.sleep(1.0)
+        os.kill(own_flink.taskmanager_pid(), signal.SIGKILL)  # the TaskManager dies mid-topic ...
+        at_kill = committed(kafka, topic, group, 2)
+        own_flink.sh("up")  # ... and a replacement registers its 2 slots
+        late.join(timeout=120)
+        done = job.wait(timeout=600)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait(timeout=30)
+    assert done == 0, log.read_text()[-3000:]
+    assert 0 < sum(c or 0 for c in at_kill) < len(lines), f"not mid-topic: {at_kill} of {len(lines)}"
+    checkpoints = own_flink.get(f"/jobs/{jid}/checkpoints")["counts"]
+    assert checkpoints["restored"] >= 1, checkpoints  # Flink restarted the job from a checkpoint
+    same_histories(latest_histories(str(out)), replay(topic, tmp_path / "batch"))
+    assert sum(c or 0 for c in committed(kafka, topic, group, 2)) == len(lines)
