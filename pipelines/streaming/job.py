@@ -1,6 +1,9 @@
 """Streaming histories: Kafka (unbounded) → per-shard state + timers → flush files, topics, commits.
 
-The job, on a streaming runner (Beam's Prism, built by ``make prism``):
+The job, on a streaming runner (Beam's Prism, built by ``make prism``; on Flink,
+``config.state == "keyed"``, step 2 is :class:`pipelines.streaming.keyed.AppendKeyedHistoriesFn`,
+state in Beam keyed state that Flink checkpoints, and step 4 commits only once a
+checkpoint covering the acknowledgement completes; the rest is the same):
 
 1. ``ReadPartition`` (an unbounded splittable DoFn per partition) polls from the
    consumer group's committed offset, decodes each batch with the batch decoder

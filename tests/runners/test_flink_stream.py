@@ -84,9 +84,7 @@ def _flink_args(cluster: OwnFlink) -> list[str]:
         "--runner=FlinkRunner",
         f"--flink_master={cluster.rest}",
         "--parallelism=2",
-        "--checkpointing_interval=2000",
-        "--number_of_execution_retries=5",
-        "--execution_retry_delay=3000",
+        "--checkpointing_interval=2000",  # restarts: Flink's default strategy with checkpoints on
         "--experiments=disable_logging_submission_environment",
     ]
 
@@ -128,8 +126,8 @@ def test_stream_on_flink_survives_taskmanager_sigkill(
             time.sleep(0.5)
         late.start()
         time.sleep(1.0)
-        os.kill(own_flink.taskmanager_pid(), signal.SIGKILL)  # the TaskManager dies mid-topic ...
         at_kill = committed(kafka, topic, group, 2)
+        os.kill(own_flink.taskmanager_pid(), signal.SIGKILL)  # the TaskManager dies mid-topic ...
         own_flink.sh("up")  # ... and a replacement registers its 2 slots
         late.join(timeout=120)
         done = job.wait(timeout=600)
