@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import subprocess
-import threading
 import time
 import urllib.request
 import uuid
@@ -30,7 +29,16 @@ from pipelines.jobservers import REPO, default_flink_jar, versions
 from pipelines.streaming.state import latest_histories
 from tests.fixtures.kafka import MakeTopic, produce
 from tests.runners.conftest import _free_port
-from tests.streaming.streams import committed, generate, keyed, replay, same_histories, stream_cmd
+from tests.streaming.streams import (
+    committed,
+    generate,
+    keyed,
+    replay,
+    same_histories,
+    stream_cmd,
+    trickle,
+    wait_for_a_commit,
+)
 
 pytestmark = pytest.mark.integration
 FLINK_SH = REPO / "scripts" / "flink.sh"
@@ -110,20 +118,11 @@ def test_stream_on_flink_survives_taskmanager_sigkill(
     cmd = stream_cmd(topic, group, out, "--idle-exit", "5", *_flink_args(own_flink))
     job = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.open("wb"), start_new_session=True)
 
-    def produce_slowly() -> None:  # the second half trickles in, so the kill lands mid-topic
-        for chunk in range(10):
-            part = second[chunk::10]
-            produce(kafka, topic, part, keys=keyed(part))
-            time.sleep(0.5)
-
-    late = threading.Thread(target=produce_slowly)
+    late = trickle(kafka, topic, second, pause_s=0.5)
     try:
         deadline = time.monotonic() + 300
         jid = _running_job(own_flink, job, log, deadline)
-        while not any(committed(kafka, topic, group, 2)):  # a checkpoint completed and committed
-            assert job.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, "the job committed nothing within 300 s"
-            time.sleep(0.5)
+        wait_for_a_commit(kafka, topic, group, 2, job, log, deadline)  # a checkpoint completed and committed
         late.start()
         time.sleep(1.0)
         at_kill = committed(kafka, topic, group, 2)

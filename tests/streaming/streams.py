@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.io.kafka.config import KafkaConnection
-from tests.fixtures.kafka import BOOTSTRAP
+from tests.fixtures.kafka import BOOTSTRAP, produce
 
 
 def generate(tmp_path: Path, users: int, seed: int) -> list[bytes]:
@@ -111,3 +113,32 @@ def same_histories(streamed: pa.Table, batch: pa.Table) -> None:
     right = batch.drop_columns(["watermark"]).cast(left.schema)
     assert left.num_rows == right.num_rows
     assert left.equals(right)
+
+
+def trickle(connection: KafkaConnection, topic: str, lines: list[bytes], pause_s: float) -> threading.Thread:
+    """A thread (not started) that produces ``lines`` in 10 chunks, ``pause_s`` apart: the rest of a
+    topic arriving while a job runs, so that a kill lands mid-topic."""
+
+    def run() -> None:
+        for chunk in range(10):
+            part = lines[chunk::10]
+            produce(connection, topic, part, keys=keyed(part))
+            time.sleep(pause_s)
+
+    return threading.Thread(target=run)
+
+
+def wait_for_a_commit(
+    connection: KafkaConnection,
+    topic: str,
+    group: str,
+    partitions: int,
+    job: subprocess.Popen,
+    log: Path,
+    deadline: float,
+) -> None:
+    """Until the running ``job`` (its stderr in ``log``) has committed an offset of ``topic``."""
+    while not any(committed(connection, topic, group, partitions)):
+        assert job.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, "the job committed nothing in time"
+        time.sleep(0.2)

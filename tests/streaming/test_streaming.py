@@ -6,7 +6,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -18,7 +17,16 @@ import pytest
 from pipelines.io.kafka.config import KafkaConnection
 from pipelines.streaming.state import latest_histories
 from tests.fixtures.kafka import MakeTopic, kafka_sh, produce
-from tests.streaming.streams import committed, generate, keyed, replay, same_histories, stream_cmd
+from tests.streaming.streams import (
+    committed,
+    generate,
+    keyed,
+    replay,
+    same_histories,
+    stream_cmd,
+    trickle,
+    wait_for_a_commit,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -94,19 +102,9 @@ def test_sigkill_mid_topic_then_restart_loses_and_duplicates_nothing(
     run = _start_on_first_half(kafka, make_topic, tmp_path, users=150, seed=22, partitions=3)
     lines, second, topic, group, out, log, job = run.lines, run.second, run.topic, run.group, run.out, run.log, run.job
 
-    def produce_slowly() -> None:  # the second half trickles in over ~3 s, so the kill lands mid-topic
-        for chunk in range(10):
-            part = second[chunk::10]
-            produce(kafka, topic, part, keys=keyed(part))
-            time.sleep(0.3)
-
-    late = threading.Thread(target=produce_slowly)
+    late = trickle(kafka, topic, second, pause_s=0.3)  # over ~3 s, so the kill lands mid-topic
     try:
-        deadline = time.monotonic() + 120
-        while not any(committed(kafka, topic, group, 3)):
-            assert job.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, "the job committed nothing within 120 s"
-            time.sleep(0.2)
+        wait_for_a_commit(kafka, topic, group, 3, job, log, deadline=time.monotonic() + 120)
         late.start()  # the rest of the topic arrives while the job runs ...
         time.sleep(1.0)
     finally:

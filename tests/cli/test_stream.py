@@ -1,0 +1,45 @@
+"""``stream``'s runner choice: Prism (worker state) or Flink (keyed state); misuse stops before any work."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipelines.cli import main
+from pipelines.errors import ConfigError
+from pipelines.streaming.config import StreamConfig
+
+
+def _stream(tmp_path: Path, *runner: str) -> list[str]:
+    return ["stream", "--topic", "t", "--group", "g", "--output", str(tmp_path / "out"), *runner]
+
+
+@pytest.mark.parametrize(
+    ("runner", "said"),
+    [
+        (["--runner", "SparkRunner"], "stream runs on PrismRunner or FlinkRunner"),
+        (["--runner", "FlinkRunner", "--shutdown_sources_after_idle_ms", "0"], "wait for timers forever"),
+        (["--runner", "FlinkRunner", "--checkpointing_interval", "0"], "offsets are committed on checkpoints"),
+        (["--runner", "FlinkRunner", "--checkpointing_interval", "-1"], "offsets are committed on checkpoints"),
+        (
+            ["--runner", "FlinkRunner", "--flink_master", "127.0.0.1:1", "--flink_job_server_jar", __file__],
+            "make flink-up",
+        ),
+        (["--runner", "FlinkRunner", "--no_such_option", "1"], "--no_such_option"),
+    ],
+)
+def test_a_misused_runner_stops_the_command_naming_the_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], runner: list[str], said: str
+) -> None:
+    assert main(_stream(tmp_path, *runner)) == 2
+    assert said in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_keyed_state_refuses_the_representation_refresh() -> None:
+    with pytest.raises(ConfigError, match="--model"):
+        StreamConfig(topic="t", output="o", group="g", state="keyed", model="m", store="lmdb:///tmp/s")
+    with pytest.raises(ConfigError, match="'worker' \\(Prism\\) or 'keyed' \\(Flink\\)"):
+        StreamConfig(topic="t", output="o", group="g", state="files")
+    assert StreamConfig(topic="t", output="o", group="g", state="keyed").state == "keyed"
