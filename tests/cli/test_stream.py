@@ -27,7 +27,6 @@ def _stream(tmp_path: Path, *runner: str) -> list[str]:
             "make flink-up",
         ),
         (["--runner", "FlinkRunner", "--no_such_option", "1"], "--no_such_option"),
-        (["--runner", "FlinkRunner", "--number_of_execution_retries", "5"], "Flink's own restart strategy"),
     ],
 )
 def test_a_misused_runner_stops_the_command_naming_the_fix(
