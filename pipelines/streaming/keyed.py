@@ -9,9 +9,10 @@ the reader's periodic empty tick) that finds the oldest buffered event
 the global window flushes what is left when the input ends). Processing-time
 timers are not used: the Flink 2.62 portable operator waits for pending ones
 when its input ends, forever (its ``flushData``), until Flink's 180 s
-cancellation watchdog kills the TaskManager. A flush merges the buffer into the histories, writes the changed
-rows as a flush file (atomically; every ``COMPACT_EVERY`` flushes the whole
-shard as a ``full-`` file), publishes them when asked, and emits the flushed
+cancellation watchdog kills the TaskManager. A flush merges the buffer into the
+histories, writes the changed rows as a flush file (atomically; once the flush
+files since the last ``full-`` file hold ``COMPACT_RATIO`` times the shard's rows,
+the whole shard as a ``full-`` file), publishes them when asked, and emits the flushed
 offsets as acknowledgements.
 
 The runner checkpoints this state (Flink: ``--checkpointing_interval`` and its
@@ -43,7 +44,7 @@ from pipelines.io.kafka.config import KafkaConnection
 from pipelines.streaming.acks import open_sink
 from pipelines.streaming.config import StreamConfig
 from pipelines.streaming.state import (
-    COMPACT_EVERY,
+    COMPACT_RATIO,
     OFFSET,
     PARTITION,
     flush_path,
@@ -58,7 +59,7 @@ __all__ = ["AppendKeyedHistoriesFn"]
 _TABLES = ArrowTableCoder(compress_from_bytes=None)
 _BUFFER = BagStateSpec("buffer", _TABLES)
 _HISTORIES = ReadModifyWriteStateSpec("histories", _TABLES)
-_FILES = ReadModifyWriteStateSpec("files_since_full", VarIntCoder())
+_FILES = ReadModifyWriteStateSpec("rows_since_full", VarIntCoder())
 _DUE = ReadModifyWriteStateSpec("flush_due", VarIntCoder())
 _END = TimerSpec("end_of_input", TimeDomain.WATERMARK)
 BUFFER, HISTORIES = beam.DoFn.StateParam(_BUFFER), beam.DoFn.StateParam(_HISTORIES)
@@ -115,11 +116,11 @@ class AppendKeyedHistoriesFn(beam.DoFn):
         if state is None:  # a fresh job: the shard's flush files are its state so far
             state = latest_histories(self._config.output, shard)
         merged = merge_shard(events, state, max_history=self._config.max_history)
-        count = files.read() or 0
-        full = count + 1 >= COMPACT_EVERY
+        since_full = (files.read() or 0) + merged.changed.num_rows  # rows in flush files since the last full one
+        full = since_full > COMPACT_RATIO * merged.state.num_rows
         write_flush(merged.state if full else merged.changed, flush_path(self._config.output, shard, full=full))
         histories.write(merged.state)
-        files.write(0 if full else count + 1)
+        files.write(0 if full else since_full)
         if self._sink is not None:
             from pipelines.io.kafka.encode import histories_to_json
 
