@@ -170,6 +170,7 @@ def finish(
     model_version: str,
     source: str,
     started: float,
+    log_level: int = logging.INFO,
 ) -> BuiltIndex:
     """Merge or shard ``parts``, tune the search parameter, and describe the result."""
     index, layout = _combine(parts)
@@ -195,7 +196,8 @@ def finish(
         build_seconds=round(time.perf_counter() - started, 3),
         source=source,
     )
-    log.info(
+    log.log(
+        log_level,
         "index %s: %d vectors x %d, %s, %s recall@10 %s",
         build.factory,
         len(users),
@@ -220,9 +222,15 @@ def model_version_of(users: UserVectors, flag: str = "--representations") -> str
 
 
 def build_index(
-    users: UserVectors, spec: BuildSpec | None = None, *, model_version: str | None = None, source: str = ""
+    users: UserVectors,
+    spec: BuildSpec | None = None,
+    *,
+    model_version: str | None = None,
+    source: str = "",
+    log_level: int = logging.INFO,
 ) -> BuiltIndex:
-    """Build in this process: newest row per user, train on a seeded sample, add shard by shard."""
+    """Build in this process: newest row per user, train on a seeded sample, add shard by shard. The
+    summary line is logged at ``log_level`` (DEBUG for callers that build many small indexes)."""
     spec = spec or BuildSpec()
     started = time.perf_counter()
     users = users.newest_per_user()
@@ -230,7 +238,7 @@ def build_index(
     build = plan(spec, len(users), users.dim)
     trained = train_empty(build, spec, users.vectors[build.sample_positions])
     parts = [build_shard(trained, users.vectors[lo:hi], lo, spec) for lo, hi in build.bounds]
-    return finish(build, spec, parts, users, version, source, started)
+    return finish(build, spec, parts, users, version, source, started, log_level)
 
 
 def write_built(built: BuiltIndex, output: str | Path) -> Path:

@@ -23,6 +23,7 @@ Nothing computed at or after ``T`` (so none after the impression) reaches an exa
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -80,7 +81,9 @@ def stable_sample(user_ids: np.ndarray, limit: int) -> np.ndarray:
 def snapshot_index(pool: UserVectors, gpu: ops.GpuMode = "auto") -> UserIndex:
     """A user index of one snapshot's user-level representations, built as ``python -m pipelines
     index`` builds one (factory ``auto``, inner product), with no recall tuning (Flat is exact)."""
-    return UserIndex.from_built(build_index(pool, BuildSpec(gpu=gpu, tune_queries=0), model_version=""))
+    return UserIndex.from_built(
+        build_index(pool, BuildSpec(gpu=gpu, tune_queries=0), model_version="", log_level=logging.DEBUG)
+    )
 
 
 def _neighbour_keys(keys: ExampleKeys, rows: np.ndarray, found: np.ndarray, tick: int) -> SnapshotKeys:
