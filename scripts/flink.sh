@@ -218,26 +218,12 @@ serve() {
         [[ -f "$JOBSERVER_JAR" ]] || { log "no job server jar; run: make flink-jobserver"; exit 1; }
         mkdir -p "$STATE/artifacts"
         log "starting the job server on 127.0.0.1:$JOB_PORT for $URL (log: $JS_LOG)"
-        setsid nohup bash -c 'echo $$ >"$1"; shift; exec "$@"' _ "$JS_PIDFILE" \
+        pid="$(spawn "$JS_PIDFILE" "$JS_LOG" \
             java -Xmx1g -jar "$JOBSERVER_JAR" --flink-master "127.0.0.1:$PORT" \
             --job-host 127.0.0.1 --job-port "$JOB_PORT" --artifact-port $((JOB_PORT - 1)) \
-            --expansion-port $((JOB_PORT - 2)) --artifacts-dir "$STATE/artifacts" \
-            >"$JS_LOG" 2>&1 </dev/null 9>&- &
-        for _ in $(seq 50); do [[ -s "$JS_PIDFILE" ]] && break; sleep 0.1; done
-        pid="$(cat "$JS_PIDFILE")"
+            --expansion-port $((JOB_PORT - 2)) --artifacts-dir "$STATE/artifacts")"
     fi
-    local waited=0
-    until port_open "$JOB_PORT"; do
-        if ! kill -0 "$pid" 2>/dev/null; then
-            log "job server exited during start; last lines of $JS_LOG:"
-            tail -n 30 "$JS_LOG" >&2
-            rm -f "$JS_PIDFILE"
-            exit 1
-        fi
-        ((waited < WAIT_S * 2)) || { log "job server did not answer within ${WAIT_S}s; see $JS_LOG"; exit 1; }
-        sleep 0.5
-        waited=$((waited + 1))
-    done
+    await "job server" "$pid" "$JS_PIDFILE" "$JS_LOG" port_open "$JOB_PORT"
     log "job server up (pid $pid): --runner PortableRunner --job_endpoint 127.0.0.1:$JOB_PORT --environment_type LOOPBACK"
 }
 
@@ -245,9 +231,7 @@ down() {
     local pids js
     if js="$(js_pid)"; then
         log "stopping the job server (pid $js)"
-        kill -TERM "$js" 2>/dev/null || true
-        for _ in $(seq 40); do kill -0 "$js" 2>/dev/null || break; sleep 0.5; done
-        kill -KILL "$js" 2>/dev/null || true
+        stop_pid "$js"
         rm -f "$JS_PIDFILE"
     fi
     pids="$(jm_pids) $(tm_pids)"

@@ -100,44 +100,21 @@ up() {
         format_storage
         [[ -f "$LOG" ]] && mv -f "$LOG" "$LOG.1"
         log "starting broker on 127.0.0.1:$PORT (logs: $LOG)"
-        # setsid: the broker outlives the shell (make, CI) that started it.
-        setsid nohup bash -c 'echo $$ >"$1"; shift; exec "$@"' _ "$PIDFILE" \
+        # shellcheck disable=SC2086
+        pid="$(spawn "$PIDFILE" "$LOG" \
             "$JAVA" $HEAP -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -Djava.awt.headless=true \
             -Dlog4j2.configurationFile="$DEPLOY/log4j2.properties" \
             -Dkafka.logs.dir="$STATE/logs" -cp "$LIBS/*" \
-            kafka.Kafka "$STATE/server.properties" >"$LOG" 2>&1 </dev/null &
-        for _ in $(seq 50); do [[ -s "$PIDFILE" ]] && break; sleep 0.1; done
-        pid="$(cat "$PIDFILE")"
+            kafka.Kafka "$STATE/server.properties")"
     fi
-    local waited=0
-    until port_open "$PORT" && grep -q "Kafka Server started" "$LOG" 2>/dev/null; do
-        if ! kill -0 "$pid" 2>/dev/null; then
-            log "broker exited during start; last lines of $LOG:"
-            tail -n 30 "$LOG" >&2
-            rm -f "$PIDFILE"
-            exit 1
-        fi
-        if ((waited >= WAIT_S * 2)); then
-            log "broker did not answer within ${WAIT_S}s; see $LOG"
-            exit 1
-        fi
-        sleep 0.5
-        waited=$((waited + 1))
-    done
+    await broker "$pid" "$PIDFILE" "$LOG" started
     log "up (pid $pid) on 127.0.0.1:$PORT, SASL_PLAINTEXT on 127.0.0.1:$SASL_PORT"
 }
 
-down() {
-    local pid
-    if ! pid="$(our_pid)"; then
-        log "not running"
-        return 0
-    fi
-    log "stopping pid $pid"
-    stop_pid "$pid"
-    rm -f "$PIDFILE"
-    log "down"
-}
+down() { stop_ours "$PIDFILE"; }
+
+# started: the broker accepts connections and has logged that it is ready.
+started() { port_open "$PORT" && grep -q "Kafka Server started" "$LOG" 2>/dev/null; }
 
 status() {
     if pid="$(our_pid)" && port_open "$PORT"; then

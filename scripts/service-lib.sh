@@ -30,3 +30,47 @@ stop_pid() {
     log "pid $1 still alive after 30 s; sending SIGKILL"
     kill -KILL "$1" 2>/dev/null || true
 }
+
+# spawn PIDFILE LOG CMD...: start CMD in a session of its own (setsid: it outlives the make or CI
+# shell that started it; fd 9, the caller's lock, is not inherited), output to LOG; print its pid.
+spawn() {
+    local pidfile="$1" logfile="$2"
+    shift 2
+    setsid nohup bash -c 'echo $$ >"$1"; shift; exec "$@"' _ "$pidfile" "$@" >"$logfile" 2>&1 </dev/null 9>&- &
+    for _ in $(seq 50); do [[ -s "$pidfile" ]] && break; sleep 0.1; done
+    cat "$pidfile"
+}
+
+# await WHAT PID PIDFILE LOG CHECK...: run CHECK every 0.5 s until it succeeds. If PID exits first,
+# print LOG's last lines, forget PIDFILE and exit 1; after $WAIT_S seconds, exit 1 naming LOG.
+await() {
+    local what="$1" pid="$2" pidfile="$3" logfile="$4" waited=0
+    shift 4
+    until "$@"; do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            log "$what exited during start; last lines of $logfile:"
+            tail -n 30 "$logfile" >&2
+            rm -f "$pidfile"
+            exit 1
+        fi
+        if ((waited >= WAIT_S * 2)); then
+            log "$what did not answer within ${WAIT_S}s; see $logfile"
+            exit 1
+        fi
+        sleep 0.5
+        waited=$((waited + 1))
+    done
+}
+
+# stop_ours PIDFILE: stop the process the caller's `our_pid` names (stop_pid) and forget PIDFILE.
+stop_ours() {
+    local pid
+    if ! pid="$(our_pid)"; then
+        log "not running"
+        return 0
+    fi
+    log "stopping pid $pid"
+    stop_pid "$pid"
+    rm -f "$1"
+    log "down"
+}

@@ -99,45 +99,18 @@ up() {
         mkdir -p "$STATE/artifacts"
         [[ -f "$LOG" ]] && mv -f "$LOG" "$LOG.1"
         log "starting the Spark job server on 127.0.0.1:$JOB_PORT, master $MASTER (log: $LOG)"
-        # setsid: the server outlives the shell (make, CI) that started it.
         # shellcheck disable=SC2086
-        setsid nohup bash -c 'echo $$ >"$1"; shift; exec "$@"' _ "$PIDFILE" \
+        pid="$(spawn "$PIDFILE" "$LOG" \
             "$JAVA" $HEAP "${JAVA_OPTS[@]}" -jar "$JOBSERVER_JAR" \
             --spark-master-url "$MASTER" --job-host 127.0.0.1 --job-port "$JOB_PORT" \
             --artifact-port "$ARTIFACT_PORT" --expansion-port "$EXPANSION_PORT" \
-            --artifacts-dir "$STATE/artifacts" >"$LOG" 2>&1 </dev/null 9>&- &
-        for _ in $(seq 50); do [[ -s "$PIDFILE" ]] && break; sleep 0.1; done
-        pid="$(cat "$PIDFILE")"
+            --artifacts-dir "$STATE/artifacts")"
     fi
-    local waited=0
-    until port_open "$JOB_PORT"; do
-        if ! kill -0 "$pid" 2>/dev/null; then
-            log "job server exited during start; last lines of $LOG:"
-            tail -n 30 "$LOG" >&2
-            rm -f "$PIDFILE"
-            exit 1
-        fi
-        if ((waited >= WAIT_S * 2)); then
-            log "job server did not answer within ${WAIT_S}s; see $LOG"
-            exit 1
-        fi
-        sleep 0.5
-        waited=$((waited + 1))
-    done
+    await "job server" "$pid" "$PIDFILE" "$LOG" port_open "$JOB_PORT"
     log "up (pid $pid): --runner PortableRunner --job_endpoint 127.0.0.1:$JOB_PORT --environment_type LOOPBACK"
 }
 
-down() {
-    local pid
-    if ! pid="$(our_pid)"; then
-        log "not running"
-        return 0
-    fi
-    log "stopping pid $pid"
-    stop_pid "$pid"
-    rm -f "$PIDFILE"
-    log "down"
-}
+down() { stop_ours "$PIDFILE"; }
 
 status() {
     local pid
