@@ -244,7 +244,7 @@ def crc_cost(connection: KafkaConnection, ranges: list[PartitionRange]) -> str:
         for part in ranges:
             position = part.start
             while position < part.stop:
-                buffer = fetcher._fetch_once(part, position)
+                buffer = fetcher.fetch_once(part, position)
                 responses.append((buffer, position, part.stop))
                 position = max(position + 1, parse_records(buffer, position, part.stop).next_offset)
     finally:

@@ -209,7 +209,7 @@ class KafkaPythonFetcher:
         position, stall = part.start, _Stall(part, self._stall_s, self._clock)
         while position < part.stop:
             try:
-                records = parse_records(self._fetch_once(part, position), position, part.stop)
+                records = parse_records(self.fetch_once(part, position), position, part.stop)
             except (KafkaError, OSError, RecordsError) as exc:
                 if not _retriable(exc):
                     raise _read_error(part, position, exc) from exc
@@ -226,7 +226,7 @@ class KafkaPythonFetcher:
             else:
                 stall.check(position)
 
-    def _fetch_once(self, part: PartitionRange, position: int, wait_ms: int = _FETCH_WAIT_MS) -> bytes:
+    def fetch_once(self, part: PartitionRange, position: int, wait_ms: int = _FETCH_WAIT_MS) -> bytes:
         """The ``records`` bytes of one Fetch request for ``part`` at ``position`` (kafka-python errors raised);
         the broker holds the request up to ``wait_ms`` for a first record to arrive."""
         from kafka.errors import for_code
@@ -341,7 +341,7 @@ class PartitionPoller:
 
     def _fetch(self, topic: str, partition: int, position: int, timeout_s: float) -> Records:
         part = PartitionRange(topic, partition, position, _UNBOUNDED)
-        raw = self._fetcher._fetch_once(part, position, wait_ms=int(timeout_s * 1000))
+        raw = self._fetcher.fetch_once(part, position, wait_ms=int(timeout_s * 1000))
         return parse_records(raw, position, _UNBOUNDED)
 
     def close(self) -> None:

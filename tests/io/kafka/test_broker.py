@@ -308,7 +308,7 @@ def test_the_streaming_poller_names_offsets_the_log_no_longer_holds(
 def _raise_once(monkeypatch: pytest.MonkeyPatch, poller: PartitionPoller, error: Exception) -> None:
     """The poller's next Fetch raises ``error``, as kafka-python's network client can."""
     fetcher = poller._fetcher
-    fetch_once, calls = fetcher._fetch_once, []
+    fetch_once, calls = fetcher.fetch_once, []
 
     def flaky(*args: Any, **kwargs: Any) -> bytes:
         calls.append(1)
@@ -316,7 +316,7 @@ def _raise_once(monkeypatch: pytest.MonkeyPatch, poller: PartitionPoller, error:
             raise error
         return fetch_once(*args, **kwargs)
 
-    monkeypatch.setattr(fetcher, "_fetch_once", flaky)
+    monkeypatch.setattr(fetcher, "fetch_once", flaky)
 
 
 def _poll_until(poller: PartitionPoller, topic: str, position: int, stop: int) -> tuple[list[MessageBatch], int]:

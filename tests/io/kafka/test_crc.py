@@ -25,14 +25,14 @@ def test_a_batch_corrupted_on_the_wire_fails_the_read(kafka: KafkaConnection, ma
     topic = make_topic(partitions=1)
     produce(kafka, topic, [line(event_id=f"w{i}") for i in range(50)])
     fetcher = open_fetcher(kafka, max_batch=1000, stall_s=10)
-    real = fetcher._fetch_once  # type: ignore[attr-defined]
+    real = fetcher.fetch_once  # type: ignore[attr-defined]
 
     def corrupted(part: PartitionRange, position: int) -> bytes:
         data = bytearray(real(part, position))
         data[len(data) // 2] ^= 0x01  # one bit, inside a record value
         return bytes(data)
 
-    fetcher._fetch_once = corrupted  # type: ignore[attr-defined]
+    fetcher.fetch_once = corrupted  # type: ignore[attr-defined]
     got = []
     try:
         with pytest.raises(KafkaReadError, match=rf"{topic}/0 at offset 0: .*batch at offset 0 fails its CRC-32C"):
