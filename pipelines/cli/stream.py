@@ -21,8 +21,9 @@ RSS); on a terminal a status line comes every 5 s.
 Runs on Beam's Prism runner built by `make prism` (never downloaded at run time), or
 with --runner FlinkRunner on a Flink cluster (`make flink-up`): there the histories live
 in Beam keyed state that Flink checkpoints (--checkpointing_interval, default 5000 ms;
-the cluster's state backend), offsets are committed when a checkpoint that covers
-them completes, and --idle-exit cancels the job once the group has committed the
+the cluster's state backend), bundles end before each checkpoint (the command sets
+--finish_bundle_before_checkpointing), offsets are committed when a checkpoint that
+covers them completes, and --idle-exit cancels the job once the group has committed the
 whole topic for that long.
 """
 
@@ -232,12 +233,21 @@ def _flink_options(beam_args: list[str]) -> PipelineOptions:
             "finished sources make the portable Flink operators wait for timers forever",
             "drop it: --idle-exit ends the job",
         )
+    if given.get("finish_bundle_before_checkpointing", None) is not None:  # a Beam switch: a value is refused
+        raise ConfigError(
+            "--finish_bundle_before_checkpointing",
+            "the command sets this switch: without it a bundle still open at a checkpoint keeps its output "
+            "until the operator's next bundle, which Create's one element never gets, and the job reads nothing",
+            "drop it",
+        )
     defaults = jobservers.default_options("FlinkRunner", given) | {
         "checkpointing_interval": "5000",
         "job_name": f"gem-stream-{uuid.uuid4().hex[:12]}",  # so that the driver can cancel it by name
         **JOB_SERVER_TIMEOUT,
     }
-    flags_ = merge_flags(beam_args, required={"runner": "FlinkRunner", "streaming": None}, defaults=defaults)
+    # finish_bundle_before_checkpointing: README "stream on Flink", the start-up stall
+    required = {"runner": "FlinkRunner", "streaming": None, "finish_bundle_before_checkpointing": None}
+    flags_ = merge_flags(beam_args, required=required, defaults=defaults)
     options = PipelineOptions(flags_, save_main_session=False, pickle_library="cloudpickle")
     check_known(options, beam_args, jobservers.FLINK_OPTIONS)
     interval = given_values(flags_).get("checkpointing_interval") or ""

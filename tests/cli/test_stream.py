@@ -20,6 +20,7 @@ def _stream(tmp_path: Path, *runner: str) -> list[str]:
     [
         (["--runner", "SparkRunner"], "stream runs on PrismRunner or FlinkRunner"),
         (["--runner", "FlinkRunner", "--shutdown_sources_after_idle_ms", "0"], "wait for timers forever"),
+        (["--runner", "FlinkRunner", "--finish_bundle_before_checkpointing=false"], "Create's one element"),
         (["--runner", "FlinkRunner", "--checkpointing_interval", "0"], "offsets are committed on checkpoints"),
         (["--runner", "FlinkRunner", "--checkpointing_interval", "-1"], "offsets are committed on checkpoints"),
         (
