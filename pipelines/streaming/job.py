@@ -142,6 +142,12 @@ class _ReadPartitionFn(beam.DoFn):
                     yield TaggedOutput(ACKS, (element.partition, np.arange(position, after, dtype=np.int64)))
                     position = after
                 if self._idle(element.partition, position):
+                    log.info(
+                        "%s/%s: quiet and committed up to %d: this read ends",
+                        element.topic,
+                        element.partition,
+                        position,
+                    )
                     tracker.try_claim(_END)  # done: the restriction is finished
                     return
                 yield from self._ticks(element.partition)
@@ -161,11 +167,16 @@ class _ReadPartitionFn(beam.DoFn):
             yield TaggedOutput(ACKS, (partition, np.zeros(0, np.int64)))
 
     def _idle(self, partition: int, position: int) -> bool:
-        """No message for ``idle_exit_s`` and everything read is committed (so nothing is left behind)."""
+        """No message for ``idle_exit_s`` and everything read is committed (so nothing is left behind).
+        Never with keyed state (Flink): there the driver ends the job once the whole topic is
+        committed (:mod:`pipelines.streaming.drive`), and a partition whose read had ended would
+        never be read again, so records arriving after a quiet spell would wait forever."""
         limit = self._config.idle_exit_s
+        if limit is None or self._config.state == "keyed":
+            return False
         since = self._idle_since.setdefault(partition, time.monotonic())
         committed = self._commits.get(partition, (-1, 0.0, 0.0))[0]
-        return limit is not None and time.monotonic() - since > limit and committed >= position
+        return time.monotonic() - since > limit and committed >= position
 
     def _redeliver(self, element: PartitionStart, position: int) -> Iterator[Any]:
         """Read again what stayed unacknowledged for ``redeliver_after_s`` (at-least-once; the merge

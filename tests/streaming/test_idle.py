@@ -1,0 +1,34 @@
+"""When a partition's read ends on its own: after ``--idle-exit`` on Prism (the job then ends), never
+on Flink, where the driver cancels the job and an ended read would leave later records unread."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from pipelines.io.kafka.config import KafkaConnection
+from pipelines.streaming.config import StreamConfig
+from pipelines.streaming.job import _ReadPartitionFn
+
+
+def _reader(state: str, committed: int) -> _ReadPartitionFn:
+    config = StreamConfig(topic="t", output="o", group="g", idle_exit_s=0.05, state=state)
+    reader = _ReadPartitionFn(KafkaConnection(), config)
+    reader._idle_since, reader._commits = {}, {0: (committed, 0.0, 0.0)}  # what setup() and polls keep
+    return reader
+
+
+@pytest.mark.parametrize(("state", "ends"), [("worker", True), ("keyed", False)])
+def test_a_quiet_committed_partition_ends_its_read_on_prism_only(state: str, ends: bool) -> None:
+    reader = _reader(state, committed=10)
+    assert not reader._idle(0, 10)  # quiet from now
+    time.sleep(0.1)
+    assert reader._idle(0, 10) is ends
+
+
+def test_a_partition_with_uncommitted_reads_never_ends_its_read() -> None:
+    reader = _reader("worker", committed=7)
+    reader._idle(0, 10)
+    time.sleep(0.1)
+    assert not reader._idle(0, 10)
