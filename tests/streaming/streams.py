@@ -16,7 +16,9 @@ from pipelines.io.kafka.config import KafkaConnection
 from tests.fixtures.kafka import BOOTSTRAP, produce
 
 
-def generate(tmp_path: Path, users: int, seed: int) -> list[bytes]:
+def generate(tmp_path: Path, users: int, seed: int, *extra: str) -> list[bytes]:
+    """Two days of ``users``' events as JSON lines (a few malformed, some redelivered); ``extra``
+    flags go to ``generate`` as they are (e.g. ``--candidates-output PATH``)."""
     events = tmp_path / f"events-{seed}.jsonl"
     subprocess.run(
         [
@@ -36,6 +38,7 @@ def generate(tmp_path: Path, users: int, seed: int) -> list[bytes]:
             "0.01",
             "--duplicate-fraction",
             "0.03",
+            *extra,
         ],
         check=True,
         capture_output=True,

@@ -17,7 +17,7 @@ from pipelines.store import open_store
 from pipelines.store.redis_store import default_redis_url
 from tests.conftest import require_redis
 from tests.fixtures.kafka import MakeTopic, produce
-from tests.streaming.streams import committed, keyed, replay, stream_cmd
+from tests.streaming.streams import committed, generate, keyed, replay, stream_cmd
 
 pytestmark = pytest.mark.integration
 
@@ -28,38 +28,11 @@ def _world(tmp_path: Path) -> tuple[list[bytes], Path, Path]:
 
     from pipelines.model import GemConfig, GemModel, save_checkpoint
 
-    events, candidates = tmp_path / "events.jsonl", tmp_path / "candidates.parquet"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipelines",
-            "generate",
-            "--users",
-            "80",
-            "--days",
-            "2",
-            "--seed",
-            "31",
-            "--output",
-            str(events),
-            "--candidates-output",
-            str(candidates),
-            "--requests",
-            "60",
-            "--bad-fraction",
-            "0.01",
-            "--duplicate-fraction",
-            "0.03",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
+    candidates = tmp_path / "candidates.parquet"
+    lines = generate(tmp_path, 80, 31, "--candidates-output", str(candidates), "--requests", "60")
     torch.manual_seed(0)
     config = GemConfig(d_model=16, num_heads=2, num_layers=2, max_len=48, block_size=16, representation_dim=8)
     save_checkpoint(GemModel(config), tmp_path / "model")
-    lines = [raw for raw in events.read_bytes().splitlines() if raw.strip()]
     return lines, candidates, tmp_path / "model"
 
 
