@@ -40,9 +40,9 @@ test-unit: setup ## only the fast tests (no real services)
 bench: setup ## run the benchmarks (B=name for one, QUICK=1 for small inputs)
 	$(PY) bench/run.py $(B)
 
-lint: setup ## ruff (lint and format check) and mypy, over the package, schemas, tests and bench
-	$(VENV)/bin/ruff check pipelines schemas tests bench
-	$(VENV)/bin/ruff format --check pipelines schemas tests bench
+lint: setup ## ruff (lint and format check) and mypy, over the package, tests and bench
+	$(VENV)/bin/ruff check pipelines tests bench
+	$(VENV)/bin/ruff format --check pipelines tests bench
 	$(VENV)/bin/mypy
 
 services-up: kafka-up redis-up ## start the services the tests need

@@ -22,7 +22,7 @@ from pipelines.features.histories import build_histories
 from pipelines.features.pipeline import FeaturesConfig, run_features
 from pipelines.io.parquet import write_table
 from pipelines.runners import pipeline_options, runner_for
-from schemas.layouts import HISTORY, TRAINING_EXAMPLE
+from pipelines.schemas.layouts import HISTORY, TRAINING_EXAMPLE
 
 REPEAT = 1 if QUICK else 3
 

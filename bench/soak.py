@@ -151,8 +151,8 @@ def _compare(connection: object, topic: str, out: Path) -> tuple[int, int, int]:
 
     from pipelines.io.files import match_files
     from pipelines.io.parquet import read_table
+    from pipelines.schemas.layouts import HISTORY
     from pipelines.streaming.state import latest_histories, newest_rows
-    from schemas.layouts import HISTORY
 
     replayed = out.with_name(out.name + "-replay")
     subprocess.run(

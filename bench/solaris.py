@@ -135,11 +135,11 @@ class _World:
         from pipelines.io.parquet import read_table
         from pipelines.model.checkpoint import load_model
         from pipelines.precompute.refresh import Refresher
+        from pipelines.schemas.layouts import CANDIDATE_SET
         from pipelines.similarity.build import BuildSpec, build_index
         from pipelines.similarity.user_index import UserIndex
         from pipelines.similarity.vectors import UserVectors
         from pipelines.streaming.history_view import HistoryView
-        from schemas.layouts import CANDIDATE_SET
 
         funnel = read_table(str(funnel_path), CANDIDATE_SET)
         early = stage_rows(funnel, "early").sort_by("request_id")

@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from bench.common import QUICK, ROOT, WORK, result
+from pipelines.schemas.layouts import representation_schema
 from pipelines.store import (
     LmdbConfig,
     LmdbStore,
@@ -33,7 +34,6 @@ from pipelines.store import (
     default_redis_url,
     record_nbytes,
 )
-from schemas.layouts import representation_schema
 
 P99_BOUND_MS = 5.0
 DIM = 64

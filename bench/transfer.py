@@ -42,6 +42,7 @@ from pipelines.model import GemModel, HistoryIndex, ad_catalog, build_candidate_
 from pipelines.model.context import decode_contexts
 from pipelines.model.inputs import AdLookup
 from pipelines.model.train.data import load_features
+from pipelines.schemas.layouts import representation_schema
 from pipelines.similarity.policy import FallbackPath, ResolverConfig
 from pipelines.store import LmdbConfig, LmdbStore, OnlineStore
 from pipelines.transfer.asof import resolve_paths
@@ -52,7 +53,6 @@ from pipelines.transfer.downstream import DownstreamRanker, RankerConfig, inputs
 from pipelines.transfer.experiment import TransferConfig, run_transfer
 from pipelines.transfer.snapshots import RepFeatures
 from pipelines.transfer.variants import VariantPlan
-from schemas.layouts import representation_schema
 
 CANDIDATES = 200
 REQUESTS = 200

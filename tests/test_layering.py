@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: Lowest first. A package may import only packages of a lower layer (and itself).
 LAYERS: list[set[str]] = [
-    {"schemas", "pipelines", "pipelines.errors", "pipelines.lazy", "pipelines.durations", "pipelines.redact"},
+    {"pipelines.schemas", "pipelines", "pipelines.errors", "pipelines.lazy", "pipelines.durations", "pipelines.redact"},
     {"pipelines.optional", "pipelines.jobservers", "pipelines.dataflow_job"},
     {"pipelines.io", "pipelines.runners"},
     {"pipelines.features", "pipelines.generator", "pipelines.model", "pipelines.store", "pipelines.inspect"},
@@ -27,10 +27,9 @@ LAYER_OF = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 
 
 def _modules() -> Iterator[tuple[str, Path]]:
-    for base in ("pipelines", "schemas"):
-        for path in sorted((ROOT / base).rglob("*.py")):
-            parts = path.relative_to(ROOT).with_suffix("").parts
-            yield ".".join(parts[:-1] if parts[-1] == "__init__" else parts), path
+    for path in sorted((ROOT / "pipelines").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        yield ".".join(parts[:-1] if parts[-1] == "__init__" else parts), path
 
 
 def _imports(path: Path) -> set[str]:
@@ -40,13 +39,12 @@ def _imports(path: Path) -> set[str]:
             found |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
         elif isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
-    return {name for name in found if name.split(".")[0] in ("pipelines", "schemas")}
+    return {name for name in found if name.split(".")[0] == "pipelines"}
 
 
 def _package(module: str) -> str:
-    """The layered unit a module belongs to: ``pipelines.<package>`` or ``schemas``."""
-    parts = module.split(".")
-    return "schemas" if parts[0] == "schemas" else ".".join(parts[:2])
+    """The layered unit a module belongs to: ``pipelines.<package>``."""
+    return ".".join(module.split(".")[:2])
 
 
 MODULES = dict(_modules())

@@ -90,7 +90,7 @@ def _publish(
     from pipelines.io.kafka.produce import ensure_topic, open_sink
     from pipelines.io.parquet import read_table
     from pipelines.io.snapshot import DEAD_LETTERS, HISTORIES, open_snapshot
-    from schemas.layouts import DEAD_LETTER, HISTORY
+    from pipelines.schemas.layouts import DEAD_LETTER, HISTORY
 
     sent: dict[str, int] = {}
     snapshot = open_snapshot(output, flag="--output", writer="python -m pipelines replay")

@@ -33,7 +33,7 @@ ACCEPTS_BEAM_ARGS = False
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pipelines.io.kafka.config import add_connection_arguments
-    from schemas.enums import FUNNEL_STAGES
+    from pipelines.schemas.enums import FUNNEL_STAGES
 
     parser.add_argument("--topic", required=True, help="topic of candidate sets")
     parser.add_argument("--group", required=True, help="consumer group whose offsets the job commits")

@@ -62,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _surface(value: str | None) -> int | None:
-    from schemas.enums import SURFACE_CODE, SURFACES
+    from pipelines.schemas.enums import SURFACE_CODE, SURFACES
 
     if value is None:
         return None

@@ -56,8 +56,8 @@ from pipelines.features.parse import (
 )
 from pipelines.io.deadletters import dead_letter_table
 from pipelines.io.payloads import Payloads
-from schemas.enums import DEVICES, EVENT_TYPES, SURFACES
-from schemas.layouts import EVENT
+from pipelines.schemas.enums import DEVICES, EVENT_TYPES, SURFACES
+from pipelines.schemas.layouts import EVENT
 
 __all__ = ["Decoded", "SourceNamer", "decode_events", "decode_indexed"]
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from pipelines.durations import DAY_MS, MINUTE_MS
-from schemas.enums import CLICK, CONVERSION_CODES, IMPRESSION
+from pipelines.schemas.enums import CLICK, CONVERSION_CODES, IMPRESSION
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ import pyarrow as pa
 
 from pipelines.features.examples import LabelWindows, training_examples
 from pipelines.io.parquet import conform
-from schemas.enums import EVENT_TYPES, SURFACES
-from schemas.layouts import EVENT, HISTORY, HISTORY_EVENT, TRAINING_EXAMPLE
+from pipelines.schemas.enums import EVENT_TYPES, SURFACES
+from pipelines.schemas.layouts import EVENT, HISTORY, HISTORY_EVENT, TRAINING_EXAMPLE
 
 DEFAULT_MAX_HISTORY = 4096
 _EVENT_FIELDS = [f.name for f in HISTORY_EVENT]

@@ -4,7 +4,7 @@
 into an EVENT-layout table plus a DEAD_LETTER table; every payload ends up in
 exactly one of the two, whatever its bytes: no exception a payload can raise
 escapes (an unforeseen one becomes an ``unexpected_error`` dead letter).
-Validation rules follow ``schemas/event.schema.json``; a key that appears twice
+Validation rules follow ``pipelines/schemas/event.schema.json``; a key that appears twice
 in an object is a ``duplicate_key``, and an event time later than
 ``max_time_ms`` (the run's clock plus ``--max-future``) is a ``future_time``.
 """
@@ -23,8 +23,8 @@ import pyarrow as pa
 
 from pipelines.features import reasons
 from pipelines.io.deadletters import dead_letter_table
-from schemas.enums import DEVICE_CODE, EVENT_TYPE_CODE, SURFACE_CODE
-from schemas.layouts import EVENT
+from pipelines.schemas.enums import DEVICE_CODE, EVENT_TYPE_CODE, SURFACE_CODE
+from pipelines.schemas.layouts import EVENT
 
 MAX_LINE_BYTES = 1 << 20
 _NUL = b"\x00"

@@ -28,7 +28,7 @@ from pipelines.io.files import expand_inputs, splits_of
 from pipelines.io.snapshot import COUNTS, DEAD, EVENTS, HISTORIES, open_snapshot, run_stage
 from pipelines.io.summary import Balance, sum_counts
 from pipelines.io.transforms import WriteDeadLetters, WriteSummary
-from schemas.layouts import HISTORY
+from pipelines.schemas.layouts import HISTORY
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from pipelines.io.files import Split, read_line_batches, read_row_group
 from pipelines.io.payloads import Payloads
 from pipelines.io.shards import split_by_shard
 from pipelines.io.snapshot import COUNTS, DEAD, EVENTS
-from schemas.layouts import EVENT
+from pipelines.schemas.layouts import EVENT
 
 if TYPE_CHECKING:  # the connector needs the kafka extra; files do not
     from pipelines.io.kafka.config import KafkaConnection

@@ -20,7 +20,7 @@ from pipelines.io.parquet import read_table, write_table
 from pipelines.io.shards import shard_path, split_by_shard
 from pipelines.io.snapshot import HISTORIES, TRAINING_EXAMPLES
 from pipelines.io.transforms import GroupByShard
-from schemas.layouts import EVENT, HISTORY, TRAINING_EXAMPLE, Layout
+from pipelines.schemas.layouts import EVENT, HISTORY, TRAINING_EXAMPLE, Layout
 
 __all__ = ["BuildHistories"]
 

@@ -25,8 +25,8 @@ from pipelines.features.parse import (
     ParseResult,
 )
 from pipelines.io.deadletters import dead_letter_table
-from schemas.enums import DEVICES, EVENT_TYPES, SURFACES
-from schemas.layouts import EVENT
+from pipelines.schemas.enums import DEVICES, EVENT_TYPES, SURFACES
+from pipelines.schemas.layouts import EVENT
 
 _ENUMS: dict[str, tuple[str, ...]] = {"surface": SURFACES, "event_type": EVENT_TYPES, "device": DEVICES}
 _INTS = ("user_id", "item_id", "advertiser_id", "item_category")

@@ -20,8 +20,8 @@ _EXPORTS = {
     "generate_candidates": "pipelines.generator.candidates",
     "Request": "pipelines.generator.output",
     "write_world": "pipelines.generator.output",
-    "TRUTH_ITEMS": "schemas.layouts",
-    "TRUTH_USERS": "schemas.layouts",
+    "TRUTH_ITEMS": "pipelines.schemas.layouts",
+    "TRUTH_USERS": "pipelines.schemas.layouts",
     "truth_dir_for": "pipelines.generator.truth",
 }
 

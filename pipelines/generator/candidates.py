@@ -14,7 +14,7 @@ import pyarrow as pa
 from pipelines.durations import DAY_MS
 from pipelines.generator.events import event_ids
 from pipelines.generator.world import World, choice_rows
-from schemas.layouts import CANDIDATES
+from pipelines.schemas.layouts import CANDIDATES
 
 MIN_ADS = 10
 MAX_ADS = 400

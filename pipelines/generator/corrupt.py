@@ -2,7 +2,7 @@
 
 Each bad line starts from a real event of the world (given a fresh ``bad...``
 event id, so it never collides with a good one) and breaks it one way. Every kind
-violates the wire format (``schemas/event.schema.json`` plus the 1 MB line limit)
+violates the wire format (``pipelines/schemas/event.schema.json`` plus the 1 MB line limit)
 on its own, so a correct reader rejects every one of them:
 
 invalid_json, truncated_json, non_object_json, missing_field, wrong_type,
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from schemas.enums import DEVICES, EVENT_TYPES, SURFACES
+from pipelines.schemas.enums import DEVICES, EVENT_TYPES, SURFACES
 
 Record = dict[str, Any]
 Maker = Callable[[Record, np.random.Generator], bytes]

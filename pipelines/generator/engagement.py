@@ -21,9 +21,9 @@ import numpy as np
 
 from pipelines.generator.sessions import Impressions
 from pipelines.generator.world import Items, World
-from schemas.enums import EVENT_TYPE_CODE
+from pipelines.schemas.enums import EVENT_TYPE_CODE
 
-#: Share of impressions that are ads, per surface (order of schemas.enums.SURFACES).
+#: Share of impressions that are ads, per surface (order of pipelines.schemas.enums.SURFACES).
 AD_RATE = np.array([0.20, 0.15, 0.15, 0.25, 0.20, 0.15, 0.15, 0.15, 0.10, 1.00, 0.10, 0.10])
 #: Rate of video views per impression of an organic item, per surface (ads: half).
 VIDEO_RATE = np.array([0.10, 0.45, 0.30, 0.01, 0.10, 0.45, 0.30, 0.20, 0.02, 0.15, 0.03, 0.30])

@@ -15,7 +15,7 @@ from pipelines.generator.config import WorldConfig
 from pipelines.generator.engagement import Engagement, simulate_engagement
 from pipelines.generator.sessions import simulate_impressions
 from pipelines.generator.world import World, build_world
-from schemas.layouts import EVENT
+from pipelines.schemas.layouts import EVENT
 
 #: Independent random streams, so that adding one stage never changes another's draws.
 STREAMS = ("world", "sessions", "engagement", "candidates", "duplicates", "corruption", "funnel")

@@ -27,8 +27,8 @@ import pyarrow.compute as pc
 from pipelines.generator.candidates import score_ads
 from pipelines.generator.events import event_ids
 from pipelines.generator.world import World
-from schemas.enums import FUNNEL_STAGE_CODE, FUNNEL_STAGES, IMPRESSION
-from schemas.layouts import CANDIDATE_SET, CANDIDATES
+from pipelines.schemas.enums import FUNNEL_STAGE_CODE, FUNNEL_STAGES, IMPRESSION
+from pipelines.schemas.layouts import CANDIDATE_SET, CANDIDATES
 
 __all__ = ["FunnelConfig", "generate_funnel", "late_requests", "stage_rows"]
 
@@ -38,7 +38,7 @@ _CHUNK_CELLS = 4_000_000  # requests x ads scored at once
 
 @dataclass(frozen=True)
 class FunnelConfig:
-    """Stage sizes (widest first, as :data:`schemas.enums.FUNNEL_STAGES`), the Gumbel noise of each
+    """Stage sizes (widest first, as :data:`pipelines.schemas.enums.FUNNEL_STAGES`), the Gumbel noise of each
     stage's score (retrieval's is 1; later stages see the true score better), and the lognormal gap
     (median ms, sigma) before each stage after the first."""
 
@@ -138,7 +138,7 @@ def _table(
 
 
 def stage_rows(funnel: pa.Table, stage: str) -> pa.Table:
-    """The rows of one stage (a name of :data:`schemas.enums.FUNNEL_STAGES`)."""
+    """The rows of one stage (a name of :data:`pipelines.schemas.enums.FUNNEL_STAGES`)."""
     if stage not in FUNNEL_STAGE_CODE:
         raise ValueError(f"unknown stage {stage!r}; choose from {FUNNEL_STAGES}")
     return funnel.filter(pc.equal(funnel.column("stage"), FUNNEL_STAGE_CODE[stage]))

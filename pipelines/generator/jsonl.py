@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from schemas.enums import DEVICES, EVENT_TYPES, SURFACES
-from schemas.layouts import EVENT
+from pipelines.schemas.enums import DEVICES, EVENT_TYPES, SURFACES
+from pipelines.schemas.layouts import EVENT
 
 _WRITE_CHUNK = 8 << 20
 _ENUMS = {"surface": SURFACES, "event_type": EVENT_TYPES, "device": DEVICES}

@@ -24,7 +24,7 @@ from pipelines.generator.funnel import generate_funnel, late_requests
 from pipelines.generator.summary import candidates_summary, events_summary
 from pipelines.generator.truth import truth_dir_for, write_truth
 from pipelines.io.parquet import write_table
-from schemas.layouts import CANDIDATE_SET, CANDIDATES, EVENT
+from pipelines.schemas.layouts import CANDIDATE_SET, CANDIDATES, EVENT
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipelines.generator.events import GeneratedEvents
-from schemas.enums import DEVICES, EVENT_TYPES, SURFACES
+from pipelines.schemas.enums import DEVICES, EVENT_TYPES, SURFACES
 
 
 def _named_counts(codes: np.ndarray, names: tuple[str, ...]) -> dict[str, int]:

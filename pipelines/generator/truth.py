@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from pipelines.generator.world import World
 from pipelines.io.parquet import write_table
-from schemas.layouts import TRUTH_ITEMS, TRUTH_USERS
+from pipelines.schemas.layouts import TRUTH_ITEMS, TRUTH_USERS
 
 _SUFFIXES = (".jsonl.gz", ".jsonl", ".parquet")
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipelines.generator.config import WorldConfig
-from schemas.enums import EVENT_TYPE_CODE
+from pipelines.schemas.enums import EVENT_TYPE_CODE
 
-#: Global popularity of the surfaces (order of ``schemas.enums.SURFACES``).
+#: Global popularity of the surfaces (order of ``pipelines.schemas.enums.SURFACES``).
 SURFACE_SHARE = np.array([0.22, 0.12, 0.06, 0.04, 0.16, 0.12, 0.07, 0.05, 0.06, 0.03, 0.04, 0.03])
 DEVICE_SHARE = np.array([0.45, 0.45, 0.10])  # ios, android, web
 #: Local hour-of-day weights of session starts (quiet nights, evening peak).

@@ -15,8 +15,8 @@ from pipelines.errors import InputNotFoundError
 from pipelines.io.commit import COMMITTED
 from pipelines.io.snapshot import open_snapshot
 from pipelines.io.summary import SUMMARY
-from schemas.enums import EVENT_TYPES, SURFACES
-from schemas.layouts import layout_of
+from pipelines.schemas.enums import EVENT_TYPES, SURFACES
+from pipelines.schemas.layouts import layout_of
 
 KINDS = ("histories", "training_examples", "dead_letters", "representations")
 PERCENTILES = (50, 90, 99, 100)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-from schemas.layouts import DEAD_LETTER
+from pipelines.schemas.layouts import DEAD_LETTER
 
 __all__ = ["Reject", "dead_letter_table"]
 

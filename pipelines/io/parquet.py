@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from pipelines.errors import LayoutError
-from schemas.layouts import Layout, layout_of
+from pipelines.schemas.layouts import Layout, layout_of
 
 
 def conform(table: pa.Table, layout: Layout) -> pa.Table:

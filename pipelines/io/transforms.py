@@ -14,7 +14,7 @@ from pipelines.io.files import join
 from pipelines.io.parquet import write_table
 from pipelines.io.snapshot import DEAD_LETTERS
 from pipelines.io.summary import sum_counts, write_summary
-from schemas.layouts import DEAD_LETTER
+from pipelines.schemas.layouts import DEAD_LETTER
 
 __all__ = ["GroupByShard", "WriteDeadLetters", "WriteSummary"]
 

@@ -8,8 +8,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.enums import DEVICES, EVENT_TYPES, SURFACES
-from schemas.layouts import DEFAULT_EMBEDDING_DIM
+from pipelines.schemas.enums import DEVICES, EVENT_TYPES, SURFACES
+from pipelines.schemas.layouts import DEFAULT_EMBEDDING_DIM
 
 #: Bumped whenever the module structure changes in a way old checkpoints cannot load into.
 ARCHITECTURE_VERSION = 2

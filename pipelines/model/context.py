@@ -18,7 +18,7 @@ import pyarrow as pa
 import torch
 
 from pipelines.model.inputs import GemBatch, HistoryIndex, build_candidate_batch
-from schemas.enums import EVENT_TYPES
+from pipelines.schemas.enums import EVENT_TYPES
 
 __all__ = ["WINDOW", "context_dtype", "decode_contexts", "encode_contexts", "last_events", "user_contexts"]
 

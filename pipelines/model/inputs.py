@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 import torch
 
 from pipelines.model.jagged import gather_index
-from schemas.enums import EVENT_TYPES
+from pipelines.schemas.enums import EVENT_TYPES
 
 __all__ = [
     "AdLookup",
@@ -407,7 +407,7 @@ def lookup_ads(catalog: pa.Table | AdLookup | None, ad_ids: np.ndarray) -> tuple
 def _no_histories() -> HistoryIndex:
     """An index with one one-event history of user -1 (no real id): lookups of row 0 and event 0 under a
     ``rows >= 0`` mask stay in bounds, and no candidate's user is found in it."""
-    from schemas.layouts import HISTORY
+    from pipelines.schemas.layouts import HISTORY
 
     row = {"user_id": -1, "events": [{"item_id": -1, "event_time": 0}], "num_events_total": 1}
     return HistoryIndex(pa.Table.from_pylist([row], HISTORY.schema))

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from pipelines.model.inputs import GemBatch
-from schemas.enums import EVENT_TYPES
+from pipelines.schemas.enums import EVENT_TYPES
 
 MATCH_KEYS = ("item", "advertiser", "category")
 NUM_MATCH_FEATURES = len(MATCH_KEYS) * (len(EVENT_TYPES) + 2)

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipelines.model.gem import Representations
-from schemas.layouts import TIME, representation_schema
+from pipelines.schemas.layouts import TIME, representation_schema
 
 
 def representation_table(

@@ -28,7 +28,7 @@ from pipelines.model.gem import GemModel
 from pipelines.model.inputs import GemBatch, HistoryIndex, ad_catalog, build_candidate_batch, build_user_batch
 from pipelines.precompute.records import representation_table
 from pipelines.precompute.requests import check_candidates, merge_catalogs
-from schemas.layouts import REPRESENTATION
+from pipelines.schemas.layouts import REPRESENTATION
 
 __all__ = ["RecentCandidates", "Refresher", "token_chunks"]
 

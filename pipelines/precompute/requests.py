@@ -17,8 +17,8 @@ import pyarrow.compute as pc
 
 from pipelines.io.deadletters import dead_letter_table
 from pipelines.model.inputs import GemBatch, HistoryIndex, ad_catalog, build_candidate_batch, build_user_batch
-from schemas.enums import SURFACES
-from schemas.layouts import HISTORY
+from pipelines.schemas.enums import SURFACES
+from pipelines.schemas.layouts import HISTORY
 
 STAGE = "precompute"
 MAX_ADS_PER_REQUEST = 10_000

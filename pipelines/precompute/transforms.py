@@ -27,7 +27,7 @@ from pipelines.precompute import coder  # noqa: F401 - registers the GemBatch co
 from pipelines.precompute.handler import GemModelHandler
 from pipelines.precompute.records import concat_representations, latest_per_key, representation_table
 from pipelines.precompute.requests import STAGE, check_candidates, merge_catalogs, request_elements, user_elements
-from schemas.layouts import HISTORY, REPRESENTATION
+from pipelines.schemas.layouts import HISTORY, REPRESENTATION
 
 __all__ = ["AdCatalog", "PrepareRequests", "ReadCandidates", "RunGemInference", "WriteRepresentations"]
 

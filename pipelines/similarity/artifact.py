@@ -25,8 +25,8 @@ import pyarrow as pa
 
 from pipelines.errors import ConfigError, LayoutError
 from pipelines.io.parquet import read_table, write_table
+from pipelines.schemas.layouts import ID_MAP
 from pipelines.similarity.faiss_ops import Metric
-from schemas.layouts import ID_MAP
 
 __all__ = ["ID_MAP", "IndexManifest", "read_manifest", "write_id_map", "write_manifest"]
 

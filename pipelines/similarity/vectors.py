@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from pipelines.errors import ConfigError, InputNotFoundError, LayoutError
 from pipelines.io.commit import COMMITTED
 from pipelines.io.snapshot import REPRESENTATIONS, open_snapshot
-from schemas.layouts import REPRESENTATION, layout_of
+from pipelines.schemas.layouts import REPRESENTATION, layout_of
 
 __all__ = [
     "UserVectors",

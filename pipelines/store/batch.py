@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines.errors import LayoutError
+from pipelines.schemas.layouts import representation_schema
 from pipelines.store.codec import NULL_MS
-from schemas.layouts import representation_schema
 
 __all__ = ["RepresentationArrays"]
 

@@ -8,8 +8,8 @@ from functools import cached_property
 import numpy as np
 import pyarrow as pa
 
+from pipelines.schemas.layouts import representation_schema
 from pipelines.store.codec import NULL_MS, DecodedRecords, Key
-from schemas.layouts import representation_schema
 
 __all__ = ["ContextRead", "ReadResult", "RequestRead"]
 

@@ -59,7 +59,7 @@ class WriteDeadLettersFn(beam.DoFn):
         import pyarrow.parquet as pq
 
         from pipelines.io.parquet import conform
-        from schemas.layouts import DEAD_LETTER
+        from pipelines.schemas.layouts import DEAD_LETTER
 
         partition, offsets, dead = element
         # One file per partition and block of offsets, merged on write: a dead letter read

@@ -38,10 +38,10 @@ import numpy as np
 from pipelines.errors import ConfigError
 from pipelines.io.kafka.candidate_sets import decode_candidate_sets
 from pipelines.io.kafka.config import KafkaConnection
+from pipelines.schemas.enums import FUNNEL_STAGE_CODE, FUNNEL_STAGES
 from pipelines.streaming.metrics import JobMetrics
 from pipelines.streaming.pair_work import CandidateWork, WorkQueue, pair_keys, plan_pairs, split_by_deadline
 from pipelines.streaming.state import OffsetLedger
-from schemas.enums import FUNNEL_STAGE_CODE, FUNNEL_STAGES
 
 __all__ = ["CandidatesConfig", "CandidatesJob", "JobCounts", "write_dead_letter"]
 
@@ -235,7 +235,7 @@ def write_dead_letter(folder: str, reason: str, payload: bytes, source: str, par
 
     from pipelines.io.deadletters import dead_letter_table
     from pipelines.io.parquet import conform
-    from schemas.layouts import DEAD_LETTER
+    from pipelines.schemas.layouts import DEAD_LETTER
 
     path = os.path.join(folder, "dead_letters", f"p{partition:05d}-o{offset:015d}.parquet")
     os.makedirs(os.path.dirname(path), exist_ok=True)

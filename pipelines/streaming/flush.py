@@ -30,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipelines.schemas.layouts import HISTORY
 from pipelines.streaming.state import (
     OFFSET,
     PARTITION,
@@ -40,7 +41,6 @@ from pipelines.streaming.state import (
     shard_lock,
     write_flush,
 )
-from schemas.layouts import HISTORY
 
 __all__ = ["Acks", "Coalescer", "ShardFlush", "flush_shards", "shared_worker"]
 

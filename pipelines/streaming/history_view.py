@@ -25,8 +25,8 @@ from pipelines.io.files import match_files
 from pipelines.io.parquet import read_table
 from pipelines.io.shards import SHARD_GLOB, kind_glob
 from pipelines.io.snapshot import HISTORIES
+from pipelines.schemas.layouts import HISTORY
 from pipelines.streaming.state import ShardHistories, ShardStates, newest_rows
-from schemas.layouts import HISTORY
 
 __all__ = ["HistoryView"]
 

@@ -57,11 +57,11 @@ from pipelines.features.decode import decode_indexed
 from pipelines.io.kafka.config import KafkaConnection
 from pipelines.io.kafka.consume import PartitionPoller
 from pipelines.io.shards import split_by_shard
+from pipelines.schemas.layouts import EVENT
 from pipelines.streaming.acks import CommitOffsetsFn, WriteDeadLettersFn, open_sink
 from pipelines.streaming.config import StreamConfig
 from pipelines.streaming.keyed import AppendKeyedHistoriesFn
 from pipelines.streaming.state import OFFSET, PARTITION
-from schemas.layouts import EVENT
 
 __all__ = ["PartitionStart", "StreamConfig", "build_stream", "start_offsets"]
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from pipelines.schemas.layouts import CANDIDATES
 from pipelines.store import ReadResult
-from schemas.layouts import CANDIDATES
 
 __all__ = ["CandidateWork", "Plan", "WorkQueue", "plan_pairs", "split_by_deadline"]
 

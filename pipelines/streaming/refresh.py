@@ -99,7 +99,7 @@ def load_recent_candidates(patterns: Sequence[str], ttl_s: float) -> RecentCandi
     from pipelines.io.files import expand_inputs
     from pipelines.io.parquet import read_table
     from pipelines.precompute.refresh import RecentCandidates
-    from schemas.layouts import CANDIDATES
+    from pipelines.schemas.layouts import CANDIDATES
 
     paths = expand_inputs(list(patterns), "--candidates")
     table = pa.concat_tables([read_table(p, CANDIDATES) for p in paths])

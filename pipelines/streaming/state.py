@@ -34,7 +34,7 @@ from pipelines.features.histories import build_histories
 from pipelines.io.parquet import conform, read_table
 from pipelines.io.shards import SHARD_DIR, SHARD_GLOB, shard_dir, shard_path
 from pipelines.io.snapshot import HISTORIES
-from schemas.layouts import EVENT, HISTORY
+from pipelines.schemas.layouts import EVENT, HISTORY
 
 __all__ = [
     "PENDING",

@@ -31,9 +31,9 @@ import pipelines.io.arrow_coder  # noqa: F401  (registers the pa.Table coder)
 from pipelines.io.files import match_files
 from pipelines.io.parquet import read_table, write_table
 from pipelines.io.shards import shard_dir
+from pipelines.schemas.layouts import ASOF_FEATURES, HISTORY
 from pipelines.transfer.data import Splits
 from pipelines.transfer.snapshots import AsOfSetting, RepFeatures
-from schemas.layouts import ASOF_FEATURES, HISTORY
 
 log = logging.getLogger(__name__)
 

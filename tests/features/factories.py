@@ -7,7 +7,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from schemas.layouts import EVENT
+from pipelines.schemas.layouts import EVENT
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 

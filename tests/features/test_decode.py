@@ -16,7 +16,7 @@ from pipelines.features import decode
 from pipelines.features.decode import decode_events
 from pipelines.features.parse import ParseResult, parse_json_lines
 from pipelines.io.payloads import Payloads
-from schemas.enums import DEVICES, EVENT_TYPES, SURFACES
+from pipelines.schemas.enums import DEVICES, EVENT_TYPES, SURFACES
 from tests.features.factories import T0, line, wire
 
 

@@ -18,7 +18,7 @@ from pipelines.features import reasons
 from pipelines.features.decode import decode_events
 from pipelines.features.parse import MAX_TIME_MS, parse_json_lines
 from pipelines.io.payloads import Payloads
-from schemas.enums import EVENT_TYPES, SURFACES
+from pipelines.schemas.enums import EVENT_TYPES, SURFACES
 from tests.features.factories import T0, line, wire
 
 _FIELDS = list(wire())

@@ -6,8 +6,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipelines.features.histories import build_histories
-from schemas.enums import EVENT_TYPES, SURFACES
-from schemas.layouts import HISTORY, TRAINING_EXAMPLE
+from pipelines.schemas.enums import EVENT_TYPES, SURFACES
+from pipelines.schemas.layouts import HISTORY, TRAINING_EXAMPLE
 from tests.features.factories import T0, event, events_table
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from pipelines.features import reasons
 from pipelines.features.parse import MAX_LINE_BYTES, parse_event_time, parse_json_lines
-from schemas.layouts import DEAD_LETTER, EVENT
+from pipelines.schemas.layouts import DEAD_LETTER, EVENT
 from tests.features.factories import T0, line, wire
 
 

@@ -13,7 +13,7 @@ import pytest
 from pipelines.cli import main
 from pipelines.features import reasons
 from pipelines.features.parse import MAX_LINE_BYTES
-from schemas.layouts import EVENT, layout_of
+from pipelines.schemas.layouts import EVENT, layout_of
 from tests.features.factories import T0, line, wire
 
 BAD_LINES: list[tuple[bytes, str]] = [

@@ -4,7 +4,7 @@ import pyarrow as pa
 
 from pipelines.features import reasons
 from pipelines.features.validate import validate_event_table
-from schemas.layouts import EVENT
+from pipelines.schemas.layouts import EVENT
 from tests.features.factories import T0, event, events_table
 
 

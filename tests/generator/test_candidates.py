@@ -9,7 +9,7 @@ import pytest
 from pipelines.durations import DAY_MS
 from pipelines.generator import GeneratedEvents, generate_candidates, rngs
 from pipelines.generator.candidates import MAX_ADS, MIN_ADS
-from schemas.layouts import CANDIDATES, layout_of
+from pipelines.schemas.layouts import CANDIDATES, layout_of
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from pipelines.cli import build_parser, main
 from pipelines.cli.generate import build_request
 from pipelines.errors import ConfigError
 from pipelines.io.parquet import read_table
-from schemas.layouts import CANDIDATES, EVENT
+from pipelines.schemas.layouts import CANDIDATES, EVENT
 
 ROOT = Path(__file__).resolve().parents[2]
 

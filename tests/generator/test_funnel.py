@@ -16,8 +16,8 @@ from pipelines.generator import GeneratedEvents, rngs
 from pipelines.generator.candidates import score_ads
 from pipelines.generator.funnel import FunnelConfig, generate_funnel, late_requests, stage_rows
 from pipelines.io.parquet import read_table
-from schemas.enums import FUNNEL_STAGES
-from schemas.layouts import CANDIDATE_SET, CANDIDATES, layout_of
+from pipelines.schemas.enums import FUNNEL_STAGES
+from pipelines.schemas.layouts import CANDIDATE_SET, CANDIDATES, layout_of
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUESTS = 1500

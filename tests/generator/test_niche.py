@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pipelines.generator import GeneratedEvents, WorldConfig, generate_events
-from schemas.enums import EVENT_TYPE_CODE
+from pipelines.schemas.enums import EVENT_TYPE_CODE
 
 from .conftest import SMALL
 

@@ -15,7 +15,7 @@ import pytest
 from pipelines.generator import TRUTH_ITEMS, TRUTH_USERS, Request, WorldConfig, truth_dir_for, write_world
 from pipelines.generator.output import format_of, with_redeliveries
 from pipelines.io.parquet import read_table
-from schemas.layouts import CANDIDATES, EVENT
+from pipelines.schemas.layouts import CANDIDATES, EVENT
 from tests.generator.wirecheck import wire_problem
 
 CONFIG = WorldConfig(users=150, days=3, seed=21)

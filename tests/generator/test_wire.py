@@ -12,8 +12,8 @@ import pyarrow as pa
 import pytest
 
 from pipelines.generator import GeneratedEvents, corrupt, jsonl
-from schemas.enums import DEVICES, EVENT_TYPES, SURFACES
-from schemas.layouts import EVENT
+from pipelines.schemas.enums import DEVICES, EVENT_TYPES, SURFACES
+from pipelines.schemas.layouts import EVENT
 from tests.generator.wirecheck import wire_problem
 
 

@@ -11,8 +11,8 @@ from pipelines.generator import GeneratedEvents, WorldConfig, generate_events
 from pipelines.generator.config import EVENTS_PER_USER_DAY
 from pipelines.generator.summary import events_per_user
 from pipelines.generator.truth import users_table
-from schemas.enums import CONVERSION_TYPES, EVENT_TYPE_CODE, EVENT_TYPES
-from schemas.layouts import EVENT, layout_of
+from pipelines.schemas.enums import CONVERSION_TYPES, EVENT_TYPE_CODE, EVENT_TYPES
+from pipelines.schemas.layouts import EVENT, layout_of
 
 
 def _column(generated: GeneratedEvents, name: str) -> np.ndarray:

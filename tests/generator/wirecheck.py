@@ -1,4 +1,4 @@
-"""An independent, strict checker of the event wire format (schemas/event.schema.json + 1 MB lines).
+"""An independent, strict checker of the event wire format (pipelines/schemas/event.schema.json + 1 MB lines).
 
 Written from the documented format, not from the generator, so that a test can
 tell a well-formed line from a malformed one without trusting either side.
@@ -11,7 +11,7 @@ import math
 from datetime import datetime
 from typing import Any
 
-from schemas.enums import DEVICES, EVENT_TYPES, SURFACES
+from pipelines.schemas.enums import DEVICES, EVENT_TYPES, SURFACES
 
 MAX_LINE_BYTES = 1 << 20
 REQUIRED = ("event_id", "user_id", "item_id", "is_ad", "item_category", "surface", "event_type", "event_time")

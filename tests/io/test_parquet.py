@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.io.parquet import conform, read_table, write_table
-from schemas.layouts import REPRESENTATION
+from pipelines.schemas.layouts import REPRESENTATION
 
 
 def _representations(rows: int) -> pa.Table:

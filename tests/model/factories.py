@@ -9,7 +9,7 @@ import torch
 
 from pipelines.model.config import GemConfig
 from pipelines.model.inputs import NUM_COUNT_FEATURES, GemBatch
-from schemas.layouts import HISTORY, TRAINING_EXAMPLE
+from pipelines.schemas.layouts import HISTORY, TRAINING_EXAMPLE
 from tests.model.toyworld import history_row
 
 T0 = 1_760_000_000_000

@@ -16,7 +16,7 @@ from pipelines.model.inputs import (
     build_example_batch,
     build_user_batch,
 )
-from schemas.layouts import CANDIDATES, HISTORY
+from pipelines.schemas.layouts import CANDIDATES, HISTORY
 from tests.model.factories import T0, event, examples_table, histories_table, random_batch
 
 SEC = 1000
@@ -120,7 +120,7 @@ def test_select_keeps_each_rows_history() -> None:
 
 def test_count_features_cover_the_whole_prefix_and_the_evicted_events() -> None:
     from pipelines.model.inputs import COUNT_FEATURES
-    from schemas.enums import CLICK, IMPRESSION
+    from pipelines.schemas.enums import CLICK, IMPRESSION
 
     users = {10: [event(i, T0 + i * SEC, event_type=CLICK if i % 3 == 0 else IMPRESSION) for i in range(10)]}
     table = histories_table(users)

@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 
 from pipelines.durations import DAY_MS
 from pipelines.io.commit import commit_folder
-from schemas.enums import CLICK, EVENT_TYPE_CODE, EVENT_TYPES, IMPRESSION, SURFACES
-from schemas.layouts import HISTORY, TRAINING_EXAMPLE
+from pipelines.schemas.enums import CLICK, EVENT_TYPE_CODE, EVENT_TYPES, IMPRESSION, SURFACES
+from pipelines.schemas.layouts import HISTORY, TRAINING_EXAMPLE
 
 START_MS = 1_760_000_000_000
 

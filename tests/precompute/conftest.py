@@ -13,7 +13,7 @@ import torch
 from pipelines.cli import main
 from pipelines.io.files import match_files
 from pipelines.io.parquet import read_table
-from schemas.layouts import HISTORY
+from pipelines.schemas.layouts import HISTORY
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from pipelines.precompute.batching import concat_batches
 from pipelines.precompute.handler import GemModelHandler, element_tokens
 from pipelines.precompute.records import latest_per_key
 from pipelines.precompute.requests import check_candidates
-from schemas.layouts import CANDIDATES, layout_of
+from pipelines.schemas.layouts import CANDIDATES, layout_of
 from tests.precompute.conftest import World
 
 

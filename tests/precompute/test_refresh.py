@@ -11,7 +11,7 @@ from pipelines.model.checkpoint import load_model
 from pipelines.model.inputs import HistoryIndex, build_user_batch
 from pipelines.precompute.records import representation_table
 from pipelines.precompute.refresh import RecentCandidates, Refresher, token_chunks
-from schemas.layouts import CANDIDATES
+from pipelines.schemas.layouts import CANDIDATES
 from tests.precompute.conftest import World
 
 

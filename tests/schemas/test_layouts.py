@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.io.parquet import read_table, write_table
-from schemas import LAYOUTS, SURFACES, Layout, layout_of
-from schemas.wire import event_json_schema, render_event_json_schema
+from pipelines.schemas import LAYOUTS, SURFACES, Layout, layout_of
+from pipelines.schemas.wire import event_json_schema, render_event_json_schema
 
 HERE = Path(__file__).parent
 LOCK = json.loads((HERE / "layout_fingerprints.json").read_text())
@@ -22,7 +22,7 @@ def test_layout_changes_bump_the_version(name: str) -> None:
     layout, locked = LAYOUTS[name], LOCK[name]
     if layout.version == locked["version"]:
         assert layout.fingerprint() == locked["fingerprint"], (
-            f"layout {name!r} changed without a version bump: bump its version in schemas/layouts.py "
+            f"layout {name!r} changed without a version bump: bump its version in pipelines/schemas/layouts.py "
             "and record the new fingerprint in tests/schemas/layout_fingerprints.json"
         )
     else:
@@ -40,8 +40,8 @@ def test_fingerprint_sees_type_and_nullability() -> None:
 
 
 def test_committed_json_schema_is_current() -> None:
-    committed = (HERE.parent.parent / "schemas" / "event.schema.json").read_text()
-    assert committed == render_event_json_schema(), "run `python -m schemas` to regenerate it"
+    committed = (HERE.parent.parent / "pipelines" / "schemas" / "event.schema.json").read_text()
+    assert committed == render_event_json_schema(), "run `python -m pipelines.schemas` to regenerate it"
 
 
 def test_json_schema_lists_the_enums_and_required_fields() -> None:

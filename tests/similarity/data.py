@@ -10,8 +10,8 @@ import pyarrow as pa
 
 from pipelines.io.commit import commit_folder
 from pipelines.io.parquet import write_table
+from pipelines.schemas.layouts import REPRESENTATION, representation_schema
 from pipelines.similarity.vectors import UserVectors
-from schemas.layouts import REPRESENTATION, representation_schema
 
 T0_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 T0_S = T0_MS / 1000

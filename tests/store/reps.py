@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-from schemas.layouts import representation_schema
+from pipelines.schemas.layouts import representation_schema
 
 T0_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 T0_S = T0_MS / 1000

@@ -51,7 +51,7 @@ def test_split_by_deadline() -> None:
 
 
 def _reps(keys: list[tuple[int, int]], watermark_ms: int, computed_at_ms: int) -> pa.Table:
-    from schemas.layouts import representation_schema
+    from pipelines.schemas.layouts import representation_schema
 
     n = len(keys)
     return pa.table(

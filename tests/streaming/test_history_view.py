@@ -15,7 +15,7 @@ from tests.precompute.conftest import World
 
 
 def _events(user: int, n: int, start_ms: int) -> pa.Table:
-    from schemas.layouts import EVENT
+    from pipelines.schemas.layouts import EVENT
 
     return pa.table(
         {

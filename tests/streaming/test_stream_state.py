@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipelines.features.histories import build_histories
+from pipelines.schemas.layouts import HISTORY
 from pipelines.streaming.state import (
     OffsetLedger,
     PendingEvents,
@@ -21,7 +22,6 @@ from pipelines.streaming.state import (
     merge_shard,
     write_flush,
 )
-from schemas.layouts import HISTORY
 from tests.features.factories import event, events_table
 
 

@@ -7,7 +7,7 @@ One JSON object per message, so a ranking service in any language can write them
      "ad_ids": [2000000123, 2000000456]}
 
 Times are integer milliseconds since the epoch; ``surface`` and ``stage`` are the
-lower-case names of :data:`schemas.enums.SURFACES` and :data:`schemas.enums.FUNNEL_STAGES`.
+lower-case names of :data:`pipelines.schemas.enums.SURFACES` and :data:`pipelines.schemas.enums.FUNNEL_STAGES`.
 :func:`decode_candidate_sets` turns a batch of payloads back into a CANDIDATE_SET table
 and, for every payload it cannot read, a reason (nothing is dropped silently).
 """
@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from schemas.enums import FUNNEL_STAGE_CODE, FUNNEL_STAGES, SURFACE_CODE, SURFACES
-from schemas.layouts import CANDIDATE_SET
+from pipelines.schemas.enums import FUNNEL_STAGE_CODE, FUNNEL_STAGES, SURFACE_CODE, SURFACES
+from pipelines.schemas.layouts import CANDIDATE_SET
 
 __all__ = ["DecodedCandidateSets", "candidate_sets_to_wire", "decode_candidate_sets"]
 

@@ -1,6 +1,6 @@
 """Arrow tables → JSON messages for topics (events, histories, dead letters), vectorised with Polars.
 
-- events: the JSON wire format of ``schemas/README.md`` (enum strings, integer ms);
+- events: the JSON wire format of ``pipelines/schemas/README.md`` (enum strings, integer ms);
 - histories (HISTORY layout) and dead letters (DEAD_LETTER layout): one JSON
   object per row with the layout's field names; times are integer ms since the
   epoch, enums inside histories are the layout's small integer codes, and a dead
@@ -14,8 +14,8 @@ import base64
 
 import pyarrow as pa
 
-from schemas.enums import DEVICES, EVENT_TYPES, SURFACES
-from schemas.layouts import EVENT
+from pipelines.schemas.enums import DEVICES, EVENT_TYPES, SURFACES
+from pipelines.schemas.layouts import EVENT
 
 __all__ = ["dead_letters_to_json", "events_to_wire", "histories_to_json"]
 

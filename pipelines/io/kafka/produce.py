@@ -264,7 +264,7 @@ def _jsonl_batches(path: Path, batch: int) -> Iterator[list[Message]]:
 
 
 def _parquet_batches(path: Path, batch: int) -> Iterator[list[Message]]:
-    from schemas.layouts import layout_of
+    from pipelines.schemas.layouts import layout_of
 
     file = pq.ParquetFile(path)
     funnel = (layout_of(file.schema_arrow) or ("",))[0] == "candidate_set"

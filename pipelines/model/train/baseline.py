@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from pipelines.model.inputs import ExampleSet
-from schemas.enums import CLICK, CONVERSION_CODES, DEVICES, IMPRESSION, SURFACES
+from pipelines.schemas.enums import CLICK, CONVERSION_CODES, DEVICES, IMPRESSION, SURFACES
 
 _SMOOTHING = 20.0
 

@@ -18,7 +18,7 @@ import pyarrow.dataset as ds
 from pipelines.durations import DAY_MS
 from pipelines.errors import ConfigError, InputNotFoundError, LayoutError
 from pipelines.io.snapshot import HISTORIES, TRAINING_EXAMPLES, open_snapshot
-from schemas.layouts import HISTORY, TRAINING_EXAMPLE, Layout, layout_of
+from pipelines.schemas.layouts import HISTORY, TRAINING_EXAMPLE, Layout, layout_of
 
 _EXAMPLE_COLUMNS = list(TRAINING_EXAMPLE.schema.names)
 

@@ -12,7 +12,7 @@ from pipelines.generator.funnel import generate_funnel
 from pipelines.io.kafka.candidate_sets import candidate_sets_to_wire, decode_candidate_sets
 from pipelines.io.kafka.produce import file_messages
 from pipelines.io.parquet import write_table
-from schemas.layouts import CANDIDATE_SET
+from pipelines.schemas.layouts import CANDIDATE_SET
 
 
 def _funnel(requests: int = 20) -> pa.Table:

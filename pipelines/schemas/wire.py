@@ -2,8 +2,8 @@
 
 :func:`event_json_schema` derives a JSON Schema (draft 2020-12) from the Arrow
 event layout, so a producer in any language can validate what it writes. The
-generated document is committed as ``schemas/event.schema.json``; regenerate it
-with ``python -m schemas`` after a layout change.
+generated document is committed as ``pipelines/schemas/event.schema.json``; regenerate it
+with ``python -m pipelines.schemas`` after a layout change.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from schemas.enums import DEVICES, EVENT_TYPES, SURFACES
-from schemas.layouts import EVENT
+from pipelines.schemas.enums import DEVICES, EVENT_TYPES, SURFACES
+from pipelines.schemas.layouts import EVENT
 
 INT64_MAX = 2**63 - 1
 INT32_MAX = 2**31 - 1
@@ -86,5 +86,5 @@ def event_json_schema() -> dict[str, Any]:
 
 
 def render_event_json_schema() -> str:
-    """The committed text of ``schemas/event.schema.json``."""
+    """The committed text of ``pipelines/schemas/event.schema.json``."""
     return json.dumps(event_json_schema(), indent=2) + "\n"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from schemas.enums import EVENT_TYPES, SURFACES
+from pipelines.schemas.enums import EVENT_TYPES, SURFACES
 
 NAME_KEY = b"gem.layout"
 VERSION_KEY = b"gem.layout_version"
@@ -153,7 +153,7 @@ CANDIDATE_SET = Layout(
             pa.field("request_id", pa.string(), nullable=False),
             pa.field("user_id", pa.int64(), nullable=False),
             pa.field("surface", ENUM, nullable=False),
-            # schemas.enums.FUNNEL_STAGES code: retrieval, early, late, auction
+            # pipelines.schemas.enums.FUNNEL_STAGES code: retrieval, early, late, auction
             pa.field("stage", ENUM, nullable=False),
             # When this stage handed its ads on (the candidate set exists from then).
             pa.field("stage_time", TIME, nullable=False),

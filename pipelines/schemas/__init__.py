@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from schemas.enums import (
+from pipelines.schemas.enums import (
     CONVERSION_TYPES,
     DEVICE_CODE,
     DEVICES,
@@ -11,7 +11,7 @@ from schemas.enums import (
     SURFACE_CODE,
     SURFACES,
 )
-from schemas.layouts import (
+from pipelines.schemas.layouts import (
     CANDIDATES,
     DEAD_LETTER,
     EVENT,
