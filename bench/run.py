@@ -2,7 +2,9 @@
 
 Every ``bench/<name>.py`` is a script that measures the project and its baseline
 in one run and prints ``RESULT <name> ratio=<r> target=<t> ...`` as its last
-line. ``QUICK=1`` in the environment shrinks the inputs (about a minute each).
+line, or ``SKIP <name> <why>`` and exit 0 when a part it needs is missing here (a GPU, a
+service's jar). ``QUICK=1`` in the environment shrinks the inputs (about a minute each).
+A bench is a script with a ``__main__`` guard; the other modules here are shared code.
 This runner starts each script, streams its output and prints every RESULT line
 again at the end, with PASS/MISS against its target.
 """
@@ -16,10 +18,12 @@ from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULT = re.compile(r"^RESULT (\S+) ratio=([0-9.eE+-]+) target=([0-9.eE+-]+)(.*)$")
+SKIP = re.compile(r"^SKIP (\S+) (.*)$")
 
 
 def _benches() -> list[str]:
-    return sorted(p.stem for p in BENCH_DIR.glob("*.py") if p.stem not in {"run", "__init__", "common"})
+    scripts = (p for p in BENCH_DIR.glob("*.py") if p.stem != "run" and 'if __name__ == "__main__"' in p.read_text())
+    return sorted(p.stem for p in scripts)
 
 
 def main(argv: list[str]) -> int:
@@ -36,7 +40,9 @@ def main(argv: list[str]) -> int:
         proc = subprocess.run([sys.executable, str(BENCH_DIR / f"{name}.py")], stdout=subprocess.PIPE, text=True)
         sys.stdout.write(proc.stdout)
         lines = [m for m in map(RESULT.match, proc.stdout.splitlines()) if m]
-        if proc.returncode != 0 or not lines:
+        skips = [m.group(0) for m in map(SKIP.match, proc.stdout.splitlines()) if m]
+        results.extend(skips)
+        if proc.returncode != 0 or not (lines or skips):
             failed = True
             results.append(f"ERROR {name} exit={proc.returncode}")
         for m in lines:

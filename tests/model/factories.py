@@ -10,7 +10,6 @@ import torch
 from pipelines.model.config import GemConfig
 from pipelines.model.inputs import NUM_COUNT_FEATURES, GemBatch
 from pipelines.schemas.layouts import HISTORY, TRAINING_EXAMPLE
-from tests.model.toyworld import history_row
 
 T0 = 1_760_000_000_000
 TINY_TABLES = {"item": 512, "advertiser": 64, "category": 32, "user": 128}
@@ -95,6 +94,8 @@ def event(i: int, t_ms: int, *, item: int = 1, category: int = 2, event_type: in
 
 
 def histories_table(users: dict[int, list[dict]], evicted: dict[int, int] | None = None) -> pa.Table:
+    from tests.model.toyworld import history_row  # io.commit needs Beam; the CUDA test must not
+
     rows = [history_row(u, events, (evicted or {}).get(u, 0)) for u, events in users.items()]
     return pa.Table.from_pylist(rows, schema=HISTORY.with_metadata())
 
