@@ -80,7 +80,9 @@ def main() -> None:
     slope, full_slope = bench_scaling(config)
     achieved, peak, _ = bench_flops(config)
     cpu_rate, fp32, bf16, _ = bench_inference(config)
-    result("gpu_model_length_slope", 1.15 / slope, 1, f"whole-model slope {slope:.3f} vs full attention {full_slope:.3f}")
+    result(
+        "gpu_model_length_slope", 1.15 / slope, 1, f"whole-model slope {slope:.3f} vs full attention {full_slope:.3f}"
+    )
     result("gpu_model_flops_utilization", achieved / peak, 0.40, f"{achieved / 1e12:.2f} / {peak / 1e12:.2f} TFLOP/s")
     result("gpu_inference_vs_cpu", fp32 / cpu_rate, 1, f"CUDA fp32 {fp32:,.0f} vs CPU {cpu_rate:,.0f} pairs/s")
     result("gpu_inference_bf16_vs_fp32", bf16 / fp32, 1, f"bf16 autocast {bf16:,.0f} vs fp32 {fp32:,.0f} pairs/s")
