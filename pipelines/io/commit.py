@@ -5,9 +5,12 @@ goes through :func:`staged_output`:
 
 1. **Lock.** The writer takes ``.<name>.lock`` beside ``OUTPUT`` with ``flock`` (non-blocking);
    a second writer stops at once with :class:`OutputLockedError` naming the holder (pid, host,
-   start time, command). The kernel drops an ``flock`` when its process dies, so a writer killed
-   with ``kill -9`` never leaves the lock stuck. The lock file itself stays (deleting a lock file
-   while others may hold it open would let two writers in).
+   start time, command). The holder's line is written into a private file that is locked first
+   and only then linked (or renamed over a dead holder's file) into place, so a lock file is never
+   seen without its holder. The kernel drops an ``flock`` when its process dies, so a writer killed
+   with ``kill -9`` never leaves the lock stuck. The lock file itself stays (the next writer
+   replaces it under its old holder's lock). A symlinked ``OUTPUT`` is written at its target,
+   under the target's lock, and stays a symlink.
 2. **Recover.** Under the lock, leftovers of killed writers are cleared: ``OUTPUT.staging-*``
    folders are deleted; an ``OUTPUT.trash-*`` folder is deleted, or renamed back to ``OUTPUT``
    when ``OUTPUT`` is missing and the trash is committed (a writer killed between the two
@@ -70,6 +73,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipelines.errors import ConfigError, OutputLockedError, OutputNotWritableError
 from pipelines.io.files import join
+from pipelines.io.pause import pause_point
 
 __all__ = [
     "COMMITTED",
@@ -80,6 +84,7 @@ __all__ = [
     "describe_files",
     "is_local",
     "read_commit",
+    "real_path",
     "staged_output",
     "staging_leftovers",
     "writer_lock",
@@ -210,9 +215,79 @@ def read_commit(folder: str) -> CommitManifest | None:
         return CommitManifest.from_json(f.read().decode())
 
 
+def real_path(output: str) -> str:
+    """Where a local ``output`` really lives (symlinks resolved: a symlinked output is written at its
+    target, under the target's lock, and stays a symlink); an object-store path as given."""
+    if not is_local(output):
+        return output
+    return os.path.realpath(_local(output).rstrip("/") or "/")
+
+
 def _lock_path(output: str) -> Path:
-    out = Path(_local(output).rstrip("/"))
+    out = Path(real_path(output))
     return out.with_name(f".{out.name}.lock")
+
+
+def _holder_text() -> str:
+    started = datetime.now(UTC).isoformat(timespec="seconds")
+    return f"pid {os.getpid()} on {socket.gethostname()} since {started} ({_command() or sys.argv[0]})\n"
+
+
+def _same_file(handle: IO[str], path: Path) -> bool:
+    """Whether ``path`` still names the file open as ``handle`` (not replaced or removed since)."""
+    try:
+        return os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def _take_lock(path: Path, flag: str, output: str) -> IO[str]:
+    """Take the lock file ``path``; returns its open, ``flock``-ed handle.
+
+    The holder's line (pid, host, start, command) is written to a private file, which is
+    ``flock``-ed and only then made visible at ``path`` (``link`` when there is no lock file,
+    ``rename`` over the file of a holder that is gone): whoever finds the lock taken reads a
+    complete line, never an empty file. A waiter that finds ``path`` replaced under it retries.
+    """
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        mine = open(tmp, "w+")
+    except OSError as exc:
+        raise OutputNotWritableError(f"{flag} {output!r} is not writable ({exc})") from exc
+    try:
+        mine.write(_holder_text())
+        mine.flush()
+        fcntl.flock(mine, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else can know this file yet
+        while True:
+            try:
+                os.link(tmp, path)
+                return mine
+            except FileExistsError:
+                pass
+            try:
+                current = open(path)
+            except FileNotFoundError:
+                continue
+            with current:
+                try:
+                    fcntl.flock(current, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    if not _same_file(current, path):
+                        continue
+                    holder = current.read().strip() or "another process"
+                    raise OutputLockedError(
+                        f"{flag} {output!r} is being written right now by {holder} (lock {path}). "
+                        "Fix: wait for that run to finish, or write to another folder"
+                    ) from None
+                if _same_file(current, path):  # its holder is gone: put ours in its place
+                    os.replace(tmp, path)
+                    return mine
+    except BaseException:
+        mine.close()
+        raise
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 @contextmanager
@@ -222,27 +297,9 @@ def writer_lock(output: str, flag: str = "--output") -> Iterator[None]:
         log.warning("%s %s: object stores have no flock; no second-writer lock is held", flag, output)
         yield
         return
-    path = _lock_path(output)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(path, "a+")
-    except OSError as exc:
-        raise OutputNotWritableError(f"{flag} {output!r} is not writable ({exc})") from exc
+    handle = _take_lock(_lock_path(output), flag, output)
     with handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            raise OutputLockedError(
-                f"{flag} {output!r} is being written right now by {holder} (lock {path}). "
-                "Fix: wait for that run to finish, or write to another folder"
-            ) from None
-        handle.seek(0)
-        handle.truncate()
-        started = datetime.now(UTC).isoformat(timespec="seconds")
-        handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {started} ({_command() or sys.argv[0]})\n")
-        handle.flush()
+        pause_point("lock-taken")
         try:
             yield
         finally:
@@ -250,8 +307,8 @@ def writer_lock(output: str, flag: str = "--output") -> Iterator[None]:
 
 
 def staging_leftovers(output: str) -> list[Path]:
-    """``OUTPUT.staging-*`` and ``OUTPUT.trash-*`` folders beside a local ``output``."""
-    out = Path(_local(output).rstrip("/"))
+    """``OUTPUT.staging-*`` and ``OUTPUT.trash-*`` folders beside a local ``output`` (its real path)."""
+    out = Path(real_path(output))
     if not out.parent.is_dir():
         return []
     ours = (f"{out.name}.staging-", f"{out.name}.trash-")  # run ids hold no dot: "out.v2.staging-x" is not ours
@@ -264,7 +321,7 @@ def staging_leftovers(output: str) -> list[Path]:
 
 def _recover(output: str) -> None:
     """Clear what killed writers left (call under the lock): see the module docstring, step 2."""
-    out = Path(_local(output).rstrip("/"))
+    out = Path(real_path(output))
     for left in staging_leftovers(output):
         if left.name.startswith(f"{out.name}.trash-") and not out.exists() and (left / COMMITTED).is_file():
             log.warning("restoring %s from %s (a writer was killed while publishing)", out, left)
@@ -347,7 +404,7 @@ def staged_output(
             _recover(output)
         _refuse_existing(output, overwrite=overwrite, holds=holds, flag=flag)
         if mode == "rename":
-            root = f"{_local(output).rstrip('/')}.staging-{run_id}"
+            root = f"{real_path(output)}.staging-{run_id}"
             Path(root).mkdir(parents=True)
         else:
             root = join(output, f"run-{run_id}")
@@ -361,7 +418,7 @@ def staged_output(
         started = time.perf_counter()
         if mode == "rename":
             commit_folder(root, holds=holds, run_id=run_id)
-            _publish(Path(root), Path(_local(output).rstrip("/")), run_id)
+            _publish(Path(root), Path(real_path(output)), run_id)
         else:
             commit_folder(output, holds=holds, run_id=run_id, root=f"run-{run_id}")
             _drop_other_runs(output, keep=f"run-{run_id}")

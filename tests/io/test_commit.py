@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -178,3 +179,24 @@ def test_inspect_reads_only_committed_files_and_still_takes_a_streaming_folder(t
     _write(str(tmp_path / "plain"), 1)
     with pytest.raises(SnapshotError, match="not a committed snapshot"):
         find_datasets(str(tmp_path / "plain"))
+
+
+def test_a_symlinked_output_is_written_at_its_target_under_its_lock_and_stays_a_symlink(tmp_path: Path) -> None:
+    real, link = tmp_path / "real", tmp_path / "link"
+    link.symlink_to(real)
+    _commit(link, 2)
+    _commit(link, 1, overwrite=True)
+    assert link.is_symlink() and (real / COMMITTED).is_file() and len(_open(real).files("histories")) == 1
+    with commit.writer_lock(str(link)), pytest.raises(OutputLockedError, match=f"pid {os.getpid()} "):
+        _commit(real, 1, overwrite=True)
+    assert (tmp_path / ".real.lock").is_file() and not (tmp_path / ".link.lock").exists()
+
+
+def test_a_lock_left_by_a_dead_holder_is_taken_over_and_names_the_new_holder(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    (tmp_path / ".out.lock").write_text("pid 1 on gone since then (a killed run)\n")
+    with commit.writer_lock(str(out)):
+        assert (tmp_path / ".out.lock").read_text().startswith(f"pid {os.getpid()} ")
+        with pytest.raises(OutputLockedError, match=f"right now by pid {os.getpid()} "):
+            _commit(out, 1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.lock"]

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,3 +83,39 @@ def kill_mid_run(args: list[str], output: Path, *, seed: int, span_s: float) -> 
     if finished:
         assert code == 0, f"the run failed on its own before the kill:\n{stderr[-3000:]}"
     return Killed("finished" if finished else "killed", delay, code, stderr)
+
+
+@contextlib.contextmanager
+def paused_at(point: str, args: list[str], folder: Path) -> Iterator[subprocess.Popen[str]]:
+    """Run ``python -m pipelines ARGS`` until it reaches the pause point ``point``
+    (:mod:`pipelines.io.pause`); yield it stopped there, then let it go on and wait for its end. Its
+    stderr goes to ``folder/stderr.log``; its exit is the caller's to check."""
+    folder.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "GEM_PAUSE_AT": point, "GEM_PAUSE_DIR": str(folder)}
+    with (folder / "stderr.log").open("w") as err:
+        job = subprocess.Popen(
+            [sys.executable, "-m", "pipelines", *args],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            text=True,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 300
+        while not (folder / f"{point}.reached").exists():
+            if job.poll() is not None:
+                log = (folder / "stderr.log").read_text()[-3000:]
+                raise AssertionError(f"ended ({job.returncode}) before {point}:\n{log}")
+            assert time.monotonic() < deadline, f"never reached {point}"
+            time.sleep(0.01)
+        yield job
+    finally:
+        (folder / f"{point}.go").touch()
+        if job.poll() is None:
+            try:
+                job.wait(timeout=600)
+            except subprocess.TimeoutExpired:
+                os.killpg(job.pid, signal.SIGKILL)
+                raise
