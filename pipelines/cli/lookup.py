@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     )
     ads = _ads(args.ads)
     index = UserIndex.load(args.index, gpu=faiss_gpu_mode(args.device))
-    with open_store(args.store) as store:
+    with open_store(args.store, reader=True) as store:
         started = time.perf_counter()
         got = Resolver(store, index, config).resolve(args.user, ads, model_version=args.model_version)
         elapsed_ms = (time.perf_counter() - started) * 1000

@@ -79,8 +79,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pipelines.io.kafka.config import connection_from_args
+    from pipelines.precompute.pipeline import load_model_flag
     from pipelines.store import open_store
     from pipelines.streaming.candidates import CandidatesConfig, CandidatesJob
+    from pipelines.streaming.history_view import check_histories
     from pipelines.streaming.metrics import JobMetrics, Rates, StatusLine
 
     logging.getLogger("kafka").setLevel(logging.WARNING)
@@ -100,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
         torch_threads=args.torch_threads,
         dead_letters=args.dead_letters,
     )
+    check_histories(config.histories)  # every input is checked before the store is opened (or created)
+    load_model_flag(config.model)
     open_store(config.store).close()  # a bad URI or an unreachable server fails before any work
     metrics = JobMetrics("solaris")
     if args.metrics_port is not None:

@@ -110,11 +110,11 @@ def scan(representations: str) -> Scan:
             "index one precompute output (one model_version) at a time",
         )
     user_ids = np.unique(np.concatenate(ids)) if ids else np.zeros(0, np.int64)
-    if len(user_ids) == 0:
-        log.warning(
-            "%s holds no user-level representations (ad_id null): the index will be empty; "
-            "run precompute with --all-users to get one per user",
-            representations,
+    if len(user_ids) == 0:  # an index of 0 users answers no lookup: refuse it rather than publish it
+        raise ConfigError(
+            flag,
+            f"{representations!r} holds no user-level representations (rows with ad_id null), only pairs",
+            "rerun `python -m pipelines precompute` with --all-users to get one per user, then index that",
         )
     return Scan(files, user_ids, dims.pop(), versions.pop() if versions else "")
 

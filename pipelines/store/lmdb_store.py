@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import lmdb
 
+from pipelines.errors import InputNotFoundError
 from pipelines.store.base import Clock, OnlineStore, StoreFullError, StoreOptions
 from pipelines.store.codec import computed_at_of
 from pipelines.store.lmdb_file import check_data_file
@@ -36,11 +37,13 @@ _ENVS_LOCK = threading.Lock()
 
 @dataclass(frozen=True)
 class LmdbConfig:
-    """``path``: the store's directory (created). ``map_size_gb``: the most the file may grow to
-    (address space reserved, not disk used)."""
+    """``path``: the store's directory (created for a writer). ``map_size_gb``: the most the file may
+    grow to (address space reserved, not disk used). ``create``: False for a reader, which never
+    creates a store: a missing one is an error naming the path."""
 
     path: str
     map_size_gb: float = 16.0
+    create: bool = True
 
     def __post_init__(self) -> None:
         if not self.path:
@@ -56,7 +59,7 @@ class LmdbStore(OnlineStore):
         super().__init__(options, clock)
         self.config = config
         self._path = os.path.realpath(config.path)
-        self._env = _acquire(self._path, config.map_size_gb)
+        self._env = _acquire(self._path, config.map_size_gb, create=config.create)
         self._records = self._env.open_db(b"records")
         self._names = self._env.open_db(b"versions")
         self._closed = False
@@ -132,10 +135,15 @@ class LmdbStore(OnlineStore):
         return f"LmdbStore({self._path!r})"
 
 
-def _acquire(path: str, map_size_gb: float) -> lmdb.Environment:
+def _acquire(path: str, map_size_gb: float, *, create: bool) -> lmdb.Environment:
     with _ENVS_LOCK:
         env, refs = _ENVS.get(path, (None, 0))
         if env is None:
+            if not create and not os.path.isfile(os.path.join(path, "data.mdb")):
+                raise InputNotFoundError(
+                    f"--store: no LMDB store at {path} (no data.mdb there). Fix: pass the --store that "
+                    "`precompute --store` or `solaris` wrote; a reader never creates one"
+                )
             os.makedirs(path, exist_ok=True)
             check_data_file(path)  # a truncated file would raise SIGBUS once mapped
             env = lmdb.open(path, map_size=int(map_size_gb * 2**30), max_dbs=2, readahead=False, meminit=False)

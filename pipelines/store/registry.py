@@ -65,8 +65,10 @@ def open_store(
     max_age_s: float | None = None,
     expire_after_s: float | None = None,
     encoding: Encoding | None = None,
+    reader: bool = False,
 ) -> OnlineStore:
-    """Open the store at ``uri``; keyword options given here override the URI's."""
+    """Open the store at ``uri``; keyword options given here override the URI's. A ``reader``
+    never creates a store (a missing LMDB directory is an error, not a new empty store)."""
     spec = parse_store_uri(uri)
     base = spec.options
     try:
@@ -78,7 +80,8 @@ def open_store(
         )
     except ValueError as exc:
         raise ConfigError(FLAG, str(exc), "give consistent store options") from exc
-    return BACKENDS[spec.backend](spec.config, options, clock)
+    config = replace(spec.config, create=False) if reader and isinstance(spec.config, LmdbConfig) else spec.config
+    return BACKENDS[spec.backend](config, options, clock)
 
 
 def _lmdb_spec(rest: str, uri: str) -> StoreSpec:

@@ -28,9 +28,17 @@ from pipelines.io.snapshot import HISTORIES
 from pipelines.schemas.layouts import HISTORY
 from pipelines.streaming.state import ShardHistories, ShardStates, newest_rows
 
-__all__ = ["HistoryView"]
+__all__ = ["HistoryView", "check_histories"]
 
 log = logging.getLogger(__name__)
+
+
+def check_histories(folder: str) -> None:
+    """``--histories`` must be a folder (a stream's output, perhaps not flushed yet, or a features snapshot)."""
+    if not Path(folder).is_dir():
+        raise ConfigError(
+            "--histories", f"{folder} is not a folder", "pass the --output folder of `stream` or of `features`"
+        )
 
 
 class HistoryView:
@@ -40,10 +48,7 @@ class HistoryView:
         self._folder, self._refresh_s, self._clock = folder, refresh_s, clock
         self._states = ShardStates()
         self._lock = threading.Lock()
-        if not Path(folder).is_dir():
-            raise ConfigError(
-                "--histories", f"{folder} is not a folder", "pass the --output folder of `stream` or of `features`"
-            )
+        check_histories(folder)
         self._streamed = not _is_snapshot(folder)  # a stream's folder may have no flush file yet
         self._table = HISTORY.schema.empty_table()  # a snapshot's histories
         self._shards: list[ShardHistories] = []  # a stream's, per shard

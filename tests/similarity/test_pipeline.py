@@ -100,10 +100,13 @@ def test_bad_inputs_fail_with_the_flag_named(
     assert "needs at least 4096 training vectors" in capsys.readouterr().err
 
 
-def test_pairs_only_input_gives_an_empty_index(tmp_path: Path) -> None:
+def test_pairs_only_input_is_refused_naming_all_users(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A precompute run without --all-users has no user rows: an index of 0 users would answer nothing."""
     folder = write_representations(tmp_path / "pairs", [rep_table([1, 2], [5, 6], np.ones((2, DIM), np.float32))])
-    out = index(tmp_path, folder, "empty")
-    assert read_manifest(out).count == 0 and len(UserIndex.load(out)) == 0
+    assert main(["index", "--representations", str(folder), "--output", str(tmp_path / "empty")]) == 2
+    err = capsys.readouterr().err
+    assert "no user-level representations" in err and "--all-users" in err and "Fix:" in err, err
+    assert not (tmp_path / "empty").exists()
 
 
 def test_lookup_prints_each_path(

@@ -34,6 +34,20 @@ def test_lmdb_stores_on_one_path_share_the_environment(tmp_path: Path) -> None:
     second.close()
 
 
+def test_a_reader_never_creates_an_lmdb_store(tmp_path: Path) -> None:
+    from pipelines.errors import InputNotFoundError
+    from pipelines.store import open_store
+
+    missing = tmp_path / "nope" / "store"
+    with pytest.raises(InputNotFoundError, match=f"no LMDB store at {missing} .*Fix: "):
+        open_store(f"lmdb://{missing}", reader=True)
+    assert not (tmp_path / "nope").exists()
+    with open_store(f"lmdb://{missing}") as store:  # a writer creates it
+        store.write_batch(reps([(1, 10)]))
+    with open_store(str(missing), reader=True) as store:
+        assert store.read_batch([(1, 10)]).found.tolist() == [True]
+
+
 def test_lmdb_full_map_names_the_setting(tmp_path: Path) -> None:
     with LmdbStore(LmdbConfig(str(tmp_path / "s"), map_size_gb=1 / 1024)) as store:  # 1 MiB
         with pytest.raises(StoreFullError, match="map_size_gb"):
