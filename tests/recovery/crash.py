@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS: list[tuple[str, str]] = []
 
@@ -26,6 +28,17 @@ RESULTS: list[tuple[str, str]] = []
 def record(case: str, outcome: str) -> None:
     """One row of the results table printed at the end of the session (see conftest)."""
     RESULTS.append((case, outcome))
+
+
+def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Run a command in-process: it must exit 2 with a message that names the fix, never a traceback."""
+    from pipelines.cli import main
+
+    capsys.readouterr()
+    assert main(argv) == 2, argv
+    err = capsys.readouterr().err
+    assert "Fix:" in err and "Traceback" not in err, err
+    return err.strip().splitlines()[-1]
 
 
 def short(message: str, width: int = 150) -> str:

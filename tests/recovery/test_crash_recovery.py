@@ -24,25 +24,16 @@ from pipelines.io.snapshot import HISTORIES, REPRESENTATIONS, open_snapshot
 from pipelines.precompute.pipeline import PAIRS
 from tests.fixtures.kafka import BOOTSTRAP
 from tests.recovery.conftest import World
-from tests.recovery.crash import ROOT, Killed, cli, kill_mid_run, record, short, staging_of
+from tests.recovery.crash import ROOT, Killed, cli, kill_mid_run, record, refused, short, staging_of
 
 pytestmark = pytest.mark.integration
 
 
-def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    """Run a reader in-process: it must exit 2 with a message that names the fix, never a traceback."""
-    capsys.readouterr()
-    assert main(argv) == 2, argv
-    err = capsys.readouterr().err
-    assert "Fix:" in err and "Traceback" not in err, err
-    return err.strip().splitlines()[-1]
-
-
 def _features_readers_refuse(world: World, folder: Path, tmp: Path, capsys: pytest.CaptureFixture[str]) -> str:
     messages = [
-        _refused(["inspect", str(folder)], capsys),
-        _refused(["train", "--features", str(folder), "--output", str(tmp / "model"), "--device", "cpu"], capsys),
-        _refused(
+        refused(["inspect", str(folder)], capsys),
+        refused(["train", "--features", str(folder), "--output", str(tmp / "model"), "--device", "cpu"], capsys),
+        refused(
             ["features", "--input", str(world.events), "--output", str(tmp / "f"), "--previous", str(folder)], capsys
         ),
     ]
@@ -190,7 +181,7 @@ def test_precompute_killed_then_rerun(
         killed = kill_mid_run(_precompute_args(world, out, store), out, seed=seed, span_s=4.0)
         outcome = _when(killed, out)
         if not _committed(out):
-            message = _refused(["index", "--representations", str(out), "--output", str(tmp_path / "i")], capsys)
+            message = refused(["index", "--representations", str(out), "--output", str(tmp_path / "i")], capsys)
             outcome += f"; index refuses: {short(message)}"
         assert main([*_precompute_args(world, out, store), "--overwrite"]) == 0
         rows = _check_store(out, store)
@@ -261,7 +252,7 @@ def test_readers_refuse_a_truncated_part_file(world: World, tmp_path: Path, caps
     shutil.copytree(world.representations, reps)
     part = sorted((reps / REPRESENTATIONS).glob("*/*.parquet"))[0]
     part.write_bytes(part.read_bytes()[: part.stat().st_size // 2])
-    message = _refused(["index", "--representations", str(reps), "--output", str(tmp_path / "i")], capsys)
+    message = refused(["index", "--representations", str(reps), "--output", str(tmp_path / "i")], capsys)
     assert "truncated or changed" in message
     assert json.loads((reps / "summary.json").read_text())  # the rest of the folder is untouched
     record("truncated representation file", f"index refuses: {short(message)}")

@@ -9,17 +9,9 @@ import pytest
 
 from pipelines.cli import main
 from tests.recovery.conftest import World
-from tests.recovery.crash import record, short
+from tests.recovery.crash import record, refused, short
 
 pytestmark = pytest.mark.integration
-
-
-def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    capsys.readouterr()
-    assert main(argv) == 2, argv
-    err = capsys.readouterr().err
-    assert "Fix:" in err and "Traceback" not in err, err
-    return err.strip().splitlines()[-1]
 
 
 def test_solaris_with_a_missing_histories_folder_stops_before_the_store(
@@ -27,7 +19,7 @@ def test_solaris_with_a_missing_histories_folder_stops_before_the_store(
 ) -> None:
     store = tmp_path / "store"
     argv = ["solaris", "--topic", "unused", "--group", "unused", "--histories", str(tmp_path / "nope")]
-    err = _refused([*argv, "--model", str(world.model), "--store", f"lmdb://{store}"], capsys)
+    err = refused([*argv, "--model", str(world.model), "--store", f"lmdb://{store}"], capsys)
     assert "--histories" in err and not store.exists()
     record("solaris --histories /nope", short(err))
 
@@ -38,7 +30,7 @@ def test_lookup_never_creates_the_store_it_reads(
     index = tmp_path / "index"
     assert main(["index", "--representations", str(world.representations), "--output", str(index)]) == 0
     store = tmp_path / "nope" / "store"
-    err = _refused(["lookup", "--store", f"lmdb://{store}", "--index", str(index), "--user", "1", "--ads", "5"], capsys)
+    err = refused(["lookup", "--store", f"lmdb://{store}", "--index", str(index), "--user", "1", "--ads", "5"], capsys)
     assert "no LMDB store" in err and not (tmp_path / "nope").exists()
     record("lookup --store lmdb:///nope/store", short(err))
 
@@ -47,6 +39,6 @@ def test_index_of_pairs_only_names_all_users(world: World, tmp_path: Path, capsy
     reps = tmp_path / "pairs"
     precompute = ["precompute", "--features", str(world.features), "--candidates", str(world.candidates)]
     assert main([*precompute, "--model", str(world.model), "--output", str(reps), "--device", "cpu"]) == 0
-    err = _refused(["index", "--representations", str(reps), "--output", str(tmp_path / "index")], capsys)
+    err = refused(["index", "--representations", str(reps), "--output", str(tmp_path / "index")], capsys)
     assert "--all-users" in err and not (tmp_path / "index").exists()
     record("index of a precompute without --all-users", short(err))
