@@ -6,10 +6,12 @@ model's probabilities (temperature and weight chosen on a validation split), wit
 point-in-time user and pair representations as features (snapshots every --cadence of
 event time; each example reads the newest computed strictly before its impression,
 missing ones resolved through the fallback policy), with them compressed (int8, PCA-16),
-and with both; over --seeds seeds. Writes OUTPUT/report.json (holdout AUC and normalized
-entropy per variant with 90% intervals, gains over alone, transfer_ratio and
-transfer_ratio_p05, the freshness/adapter row), OUTPUT/transfer.png (gain against
-representation age and bytes) and OUTPUT/asof/ (the as-of features, Beam).
+with the last --sequence-length historical representations (LoopFM: the model's representation
+of each earlier engagement, as of that engagement), and with distillation on top; over --seeds
+seeds. Writes OUTPUT/report.json (holdout AUC and normalized entropy per variant with 90%
+intervals, gains over alone, the paper's transfer ratios and loopfm_on_kd = TR(KD + LoopFM) /
+TR(KD) with its 5th percentile, the freshness/adapter row), OUTPUT/transfer.png,
+OUTPUT/rep_history.parquet (the historical representations) and OUTPUT/asof/ (Beam).
 """
 
 from __future__ import annotations
@@ -41,6 +43,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-holdout", type=int, default=8_000, help="holdout examples sampled (default: %(default)s)"
     )
     parser.add_argument("--epochs", type=int, default=4, help="ranker epochs (default: %(default)s)")
+    parser.add_argument(
+        "--sequence-length",
+        type=int,
+        default=32,
+        help="historical representations each example reads (LoopFM's sequence form; 0: off) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--vm-window",
+        type=int,
+        default=32,
+        help="events in the ranker's own window of last events (default: %(default)s)",
+    )
     parser.add_argument(
         "--pair-coverage",
         type=float,
@@ -74,9 +88,11 @@ def _surface(value: str | None) -> int | None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    for name in ("seeds", "max_train", "max_holdout", "epochs", "threads", "index_users"):
+    for name in ("seeds", "max_train", "max_holdout", "epochs", "threads", "index_users", "vm_window"):
         if getattr(args, name) < 1:
             raise ConfigError("--" + name.replace("_", "-"), f"got {getattr(args, name)}", "pass a positive number")
+    if args.sequence_length < 0:
+        raise ConfigError("--sequence-length", f"got {args.sequence_length}", "pass 0 (off) or a positive length")
     if not 0 <= args.pair_coverage <= 1:
         raise ConfigError("--pair-coverage", f"got {args.pair_coverage}", "pass a share in [0, 1]")
     features = Path(args.features)
@@ -130,11 +146,13 @@ def run(args: argparse.Namespace) -> int:
         plan=VariantPlan(
             seeds=tuple(range(args.seed, args.seed + args.seeds)),
             ranker=RankerConfig(epochs=args.epochs),
+            vm_window=args.vm_window,
             progress=not args.no_progress,
         ),
         cadence_ms=cadence_ms,
         pair_coverage=args.pair_coverage,
         index_users=args.index_users,
+        sequence_length=args.sequence_length,
         device=args.device,
         use_beam=not args.direct,
         beam_options=None if args.direct else pipeline_options(args, args.beam_args),
@@ -154,4 +172,14 @@ def headline(report: dict) -> str:
         size = f"  {v['bytes_per_pair']} B/rep" if "bytes_per_pair" in v else ""
         lines.append(f"  {name:<16} AUC {v['auc']:.4f} [{v['auc_p05']:.4f}, {v['auc_p95']:.4f}]  gain {gain}{size}")
     lines.append("  " + report["verdict"])
+    if "loopfm" in report:
+        tr = report["loopfm"]["transfer_ratio"]
+        lines.append(
+            "  transfer ratio (paper): "
+            + ", ".join(f"{k} {v['tr']:.2f} [{v['tr_p05']:.2f}, {v['tr_p95']:.2f}]" for k, v in tr.items())
+        )
+        lines.append(
+            f"  loopfm_on_kd {report['loopfm_on_kd']:.2f} (p05 {report['loopfm_on_kd_p05']:.2f}): "
+            f"TR(KD + LoopFM) / TR(KD); FM gain {report['loopfm']['fm_gain']:+.4f}"
+        )
     return "\n".join(lines)

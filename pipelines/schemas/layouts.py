@@ -269,6 +269,30 @@ ASOF_FEATURES = Layout(
     ),
 )
 
+
+def rep_history_schema(dim: int = DEFAULT_EMBEDDING_DIM) -> pa.Schema:
+    """Historical representations (LoopFM) for embeddings of ``dim`` values: per user, the model's
+    pair representation of each kept history event as of that event (``position``: the event's
+    place in the user's stored ``events`` list), oldest to newest, float16 values."""
+    if dim <= 0:
+        raise ValueError(f"embedding dim must be positive, got {dim}")
+    event = pa.struct(
+        [
+            pa.field("position", pa.int32(), nullable=False),
+            pa.field("event_time", TIME, nullable=False),
+            pa.field("embedding", pa.list_(pa.float16(), dim), nullable=False),
+        ]
+    )
+    return pa.schema(
+        [
+            pa.field("user_id", pa.int64(), nullable=False),
+            pa.field("events", pa.list_(pa.field("item", event, nullable=False)), nullable=False),
+        ]
+    )
+
+
+REP_HISTORY = Layout("rep_history", 1, rep_history_schema())
+
 LAYOUTS: dict[str, Layout] = {
     layout.name: layout
     for layout in (
@@ -283,6 +307,7 @@ LAYOUTS: dict[str, Layout] = {
         TRUTH_ITEMS,
         ID_MAP,
         ASOF_FEATURES,
+        REP_HISTORY,
     )
 }
 

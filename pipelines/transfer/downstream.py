@@ -1,6 +1,7 @@
 """A downstream ranker the size of a live one: an MLP over the non-sequence features and a
-pooled window of the user's last 32 events, optionally fed representation features, trained
-on hard labels and optionally on a teacher's soft labels (distillation).
+pooled window of the user's last 32 events, optionally fed representation features and a
+sequence of historical representations (LoopFM: pooled, or attended from the candidate ad),
+trained on hard labels and optionally on a teacher's soft labels (distillation).
 
 Inputs are cut once per example set (:func:`ranker_inputs`) from the same point-in-time
 prefixes the GEM model reads (``events[:history_end]``), so every variant sees identical rows.
@@ -21,6 +22,7 @@ from pipelines.model.embed import hash_ids
 from pipelines.model.inputs import ExampleSet, GemBatch
 
 __all__ = [
+    "SEQ_MODES",
     "Distill",
     "DownstreamRanker",
     "RankerConfig",
@@ -38,6 +40,9 @@ __all__ = [
 #: Hash buckets of each categorical field: (item, advertiser, category, surface, device, event type).
 BUCKETS = {"item": 4096, "advertiser": 1024, "category": 256, "surface": 16, "device": 4, "event_type": 16}
 _SALTS = {"item": 11, "advertiser": 13, "category": 17}
+#: How the ranker reads a sequence of historical representations: ``attention`` from the candidate
+#: ad (its item, advertiser and category embeddings form the query), or a masked mean (``pool``).
+SEQ_MODES = ("attention", "pool")
 
 
 @dataclass(frozen=True)
@@ -114,17 +119,21 @@ class RankerConfig:
     batch_size: int = 256
     learning_rate: float = 3e-3
     weight_decay: float = 1e-5
+    seq_mode: str = "attention"
 
     def __post_init__(self) -> None:
         if self.embed_dim < 1 or self.epochs < 1 or self.batch_size < 1 or not self.hidden:
             raise ValueError(f"RankerConfig: sizes must be positive, got {self}")
+        if self.seq_mode not in SEQ_MODES:
+            raise ValueError(f"RankerConfig: seq_mode must be one of {SEQ_MODES}, got {self.seq_mode!r}")
 
 
 class DownstreamRanker(nn.Module):
     """Embeddings of the target ad and context, a mean-pooled window of the last events, dense
-    count features and (optionally) ``rep_dim`` representation features -> MLP -> one logit."""
+    count features, (optionally) ``rep_dim`` representation features and (optionally) a sequence
+    of ``seq_dim``-wide historical representations read as ``config.seq_mode`` says -> MLP -> one logit."""
 
-    def __init__(self, config: RankerConfig, dense_dim: int, rep_dim: int = 0) -> None:
+    def __init__(self, config: RankerConfig, dense_dim: int, rep_dim: int = 0, seq_dim: int = 0) -> None:
         super().__init__()
         d = config.embed_dim
         self.fields = ("item", "advertiser", "category", "surface", "device")
@@ -134,7 +143,10 @@ class DownstreamRanker(nn.Module):
             {f: nn.Embedding(BUCKETS[f], d) for f in ("category", "event_type", "surface", "item")}
         )
         self.rep_dim = rep_dim
-        width = d * (len(self.fields) + 1) + d * 4 + dense_dim + rep_dim
+        self.seq_dim = seq_dim
+        self.seq_mode = config.seq_mode
+        self.seq_query = nn.Linear(3 * d, seq_dim) if seq_dim and config.seq_mode == "attention" else None
+        width = d * (len(self.fields) + 1) + d * 4 + dense_dim + rep_dim + seq_dim
         layers: list[nn.Module] = []
         for h in config.hidden:
             layers += [nn.Linear(width, h), nn.SiLU()]
@@ -142,8 +154,25 @@ class DownstreamRanker(nn.Module):
         layers.append(nn.Linear(width, 1))
         self.mlp = nn.Sequential(*layers)
 
+    def read_sequence(self, seq: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """``seq (N, L, R)`` (all-zero vectors are padding) -> ``(N, R)``: attention weights from the
+        candidate ``target (N, 3d)`` (item, advertiser, category embeddings), or a masked mean."""
+        valid = seq.abs().sum(-1) > 0
+        if self.seq_query is None:
+            weights = valid.float()
+        else:
+            scores = (seq @ self.seq_query(target)[:, :, None])[:, :, 0] / math.sqrt(seq.shape[-1])
+            weights = torch.softmax(scores.masked_fill(~valid, -1e9), dim=1) * valid
+        weights = weights / weights.sum(1, keepdim=True).clamp_min(1e-9)
+        return (weights[:, :, None] * seq).sum(1)
+
     def forward(
-        self, ids: torch.Tensor, dense: torch.Tensor, window: torch.Tensor, rep: torch.Tensor | None
+        self,
+        ids: torch.Tensor,
+        dense: torch.Tensor,
+        window: torch.Tensor,
+        rep: torch.Tensor | None,
+        seq: torch.Tensor | None = None,
     ) -> torch.Tensor:
         parts = [self.tables[f](_hash(ids[:, j], f)) for j, f in enumerate(self.fields)]
         parts.append(self.is_ad(ids[:, 5].clamp(0, 1)))
@@ -156,6 +185,9 @@ class DownstreamRanker(nn.Module):
         if self.rep_dim:
             assert rep is not None, "this ranker was built for representation features"
             parts.append(rep)
+        if self.seq_dim:
+            assert seq is not None, "this ranker was built for a sequence of historical representations"
+            parts.append(self.read_sequence(seq, torch.cat(parts[:3], 1)))
         return self.mlp(torch.cat(parts, 1))[:, 0]
 
 
@@ -174,10 +206,14 @@ def _logit(p: np.ndarray) -> np.ndarray:
     return np.log(p / (1 - p))
 
 
-def _tensors(x: RankerInputs, rows: np.ndarray, rep: np.ndarray | None) -> tuple[torch.Tensor, ...]:
+def _tensors(
+    x: RankerInputs, rows: np.ndarray, rep: np.ndarray | None, seq: np.ndarray | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """One minibatch: ids, dense, window, and the representation block and sequence (None: absent)."""
     window = x.window if x.shared_window else x.window[rows]
     out = [torch.from_numpy(x.ids[rows]), torch.from_numpy(x.dense[rows]), torch.from_numpy(window)]
-    return (*out, torch.from_numpy(rep[rows]) if rep is not None else torch.zeros(0))
+    r, s = (torch.from_numpy(a[rows]) if a is not None else None for a in (rep, seq))
+    return out[0], out[1], out[2], r, s
 
 
 def fit_ranker(
@@ -186,14 +222,18 @@ def fit_ranker(
     config: RankerConfig,
     *,
     rep: np.ndarray | None = None,
+    seq: np.ndarray | None = None,
     distill: Distill | None = None,
     seed: int = 0,
     base_rate: float | None = None,
 ) -> DownstreamRanker:
     """Train a ranker on ``x`` (rows weighted by ``weights``, the inverse of their sampling rate),
-    with representation features ``rep (N, F)`` when given and soft labels when ``distill``."""
+    with representation features ``rep (N, F)`` and historical representations ``seq (N, L, R)``
+    when given, and soft labels when ``distill``."""
     torch.manual_seed(seed)
-    model = DownstreamRanker(config, x.dense.shape[1], 0 if rep is None else rep.shape[1])
+    model = DownstreamRanker(
+        config, x.dense.shape[1], 0 if rep is None else rep.shape[1], 0 if seq is None else seq.shape[2]
+    )
     rate = float(np.average(x.labels, weights=weights)) if base_rate is None else base_rate
     last = model.mlp[-1]
     assert isinstance(last, nn.Linear)
@@ -211,8 +251,8 @@ def fit_ranker(
         order = rng.permutation(len(x))
         for start in range(0, len(order), config.batch_size):
             rows = order[start : start + config.batch_size]
-            ids, dense, window, r = _tensors(x, rows, rep)
-            z = model(ids, dense, window, r if rep is not None else None)
+            ids, dense, window, r, s = _tensors(x, rows, rep, seq)
+            z = model(ids, dense, window, r, s)
             w = w_all[rows]
             loss = F.binary_cross_entropy_with_logits(z, y_all[rows], weight=w)
             if distill is not None and soft is not None:
@@ -227,13 +267,15 @@ def fit_ranker(
 
 
 @torch.inference_mode()
-def predict_ranker(model: DownstreamRanker, x: RankerInputs, rep: np.ndarray | None = None) -> np.ndarray:
+def predict_ranker(
+    model: DownstreamRanker, x: RankerInputs, rep: np.ndarray | None = None, seq: np.ndarray | None = None
+) -> np.ndarray:
     """``(N,)`` probabilities."""
     out = []
     for start in range(0, len(x), 4096):
         rows = np.arange(start, min(start + 4096, len(x)))
-        ids, dense, window, r = _tensors(x, rows, rep)
-        out.append(torch.sigmoid(model(ids, dense, window, r if rep is not None else None)).numpy())
+        ids, dense, window, r, s = _tensors(x, rows, rep, seq)
+        out.append(torch.sigmoid(model(ids, dense, window, r, s)).numpy())
     return np.concatenate(out) if out else np.zeros(0, np.float32)
 
 
@@ -276,7 +318,8 @@ def fit_adapter(
             order = rng.permutation(len(x))
             for start in range(0, len(order), batch_size):
                 rows = order[start : start + batch_size]
-                ids, dense, window, r = _tensors(x, rows, rep)
+                ids, dense, window, r, _ = _tensors(x, rows, rep)
+                assert r is not None
                 z = ranker(ids, dense, window, adapter(r))
                 loss = F.binary_cross_entropy_with_logits(z, y_all[rows], weight=w_all[rows])
                 opt.zero_grad(set_to_none=True)
@@ -295,6 +338,7 @@ def predict_adapted(ranker: DownstreamRanker, adapter: RepAdapter, x: RankerInpu
     out = []
     for start in range(0, len(x), 4096):
         rows = np.arange(start, min(start + 4096, len(x)))
-        ids, dense, window, r = _tensors(x, rows, rep)
+        ids, dense, window, r, _ = _tensors(x, rows, rep)
+        assert r is not None
         out.append(torch.sigmoid(ranker(ids, dense, window, adapter(r))).numpy())
     return np.concatenate(out) if out else np.zeros(0, np.float32)

@@ -1,5 +1,5 @@
 """The whole transfer job behind ``python -m pipelines transfer``: splits, as-of features (on Beam),
-distillation targets, the variants, the report and its plot.
+historical representation sequences, distillation targets, the variants, the report and its plot.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
+import pyarrow.parquet as pq
 
 from pipelines.durations import DAY_MS, HOUR_MS, format_duration
 from pipelines.model.checkpoint import load_model
@@ -20,8 +21,11 @@ from pipelines.model.gem import GemModel
 from pipelines.model.inputs import HistoryIndex
 from pipelines.model.train.data import load_features
 from pipelines.model.train.loop import predict
+from pipelines.schemas.layouts import REP_HISTORY
 from pipelines.similarity.policy import FallbackPath, ResolverConfig
+from pipelines.transfer.compress import fit_codec
 from pipelines.transfer.data import Splits, VerticalSpec, prepare_splits
+from pipelines.transfer.rep_history import compute_rep_history, events_needed, rep_history_table, rep_sequences
 from pipelines.transfer.report import build_report, json_safe, plot_report
 from pipelines.transfer.snapshots import AsOfSetting, RepFeatures, settings_asof
 from pipelines.transfer.variants import MAIN, SPLITS, VariantPlan, run_variants
@@ -32,6 +36,7 @@ __all__ = ["TransferConfig", "as_of_settings", "gem_teacher", "run_transfer"]
 
 REPORT_NAME = "report.json"
 PLOT_NAME = "transfer.png"
+REP_HISTORY_NAME = "rep_history.parquet"
 AGES_MS = {"age_1h": HOUR_MS, "age_1d": DAY_MS, "age_7d": 7 * DAY_MS}
 SIMILAR = "similar"
 
@@ -48,6 +53,7 @@ class TransferConfig:
     cadence_ms: int = 6 * HOUR_MS
     pair_coverage: float = 0.8
     index_users: int = 1000
+    sequence_length: int = 32  # historical representations per example (LoopFM); 0: none
     device: str = "cpu"
     use_beam: bool = True
     beam_options: object | None = None  # PipelineOptions (pipelines.runners.pipeline_options); None: local
@@ -103,6 +109,35 @@ def _path_share(features: dict[str, dict[str, RepFeatures]], path: FallbackPath)
     return {name: float(np.mean(f["holdout"].path == path)) for name, f in features.items()}
 
 
+def historical_sequences(
+    model: GemModel, index: HistoryIndex, splits: Splits, main: dict[str, RepFeatures], length: int, out: Path
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Each split's ``(N, length, R)`` historical representations (the as-of user representation
+    where a row has none), computed once for every event some row's window holds; the computed
+    representations are written to ``out/rep_history.parquet`` (layout ``rep_history``)."""
+    start = time.monotonic()
+    cut = {}
+    for split in SPLITS:
+        rows = getattr(splits, split).rows
+        cut[split] = (index.rows_of(rows.column("user_id").to_numpy()), rows.column("history_end").to_numpy())
+    needed = np.unique(np.concatenate([events_needed(index, r, e, length) for r, e in cut.values()]))
+    history = compute_rep_history(model, index, needed)
+    table = rep_history_table(history, index)
+    pq.write_table(table.cast(REP_HISTORY.with_metadata(table.schema)), out / REP_HISTORY_NAME)
+    sequences = {s: rep_sequences(history, index, r, e, length, main[s].user) for s, (r, e) in cut.items()}
+    held = {s: float(np.mean(np.any(seq != 0, axis=2).sum(1))) for s, seq in sequences.items()}
+    codecs = {c: fit_codec(c, main["train"]).bytes_per_vector for c in ("float16", "int8", "pca16")}
+    stats = {
+        "length": length,
+        "events_represented": len(history),
+        "mean_held": held,
+        "bytes_per_user": {c: length * b for c, b in codecs.items()},
+        "seconds": round(time.monotonic() - start, 1),
+    }
+    log.info("historical representations of %d events in %.1f s", len(history), stats["seconds"])
+    return sequences, stats
+
+
 def run_transfer(config: TransferConfig) -> dict[str, Any]:
     """Run the job; writes ``OUTPUT/report.json`` and ``OUTPUT/transfer.png``; returns the report."""
     clock = {"start": time.monotonic()}
@@ -131,7 +166,12 @@ def run_transfer(config: TransferConfig) -> dict[str, Any]:
     else:
         features = _features_direct(model, index, splits, settings)
     clock["asof"] = time.monotonic()
-    run = run_variants(splits, task, features, gem_teacher(model, task), config.plan)
+    sequences: dict[str, np.ndarray] | None = None
+    seq_stats: dict[str, Any] = {}
+    if config.sequence_length:
+        sequences, seq_stats = historical_sequences(model, index, splits, features[MAIN], config.sequence_length, out)
+    clock["sequences"] = time.monotonic()
+    run = run_variants(splits, task, features, gem_teacher(model, task), config.plan, sequences)
     clock["variants"] = time.monotonic()
     holdout = splits.holdout
     teacher_holdout = predict(model, holdout.examples, next(model.parameters()).device)[task]
@@ -161,6 +201,7 @@ def run_transfer(config: TransferConfig) -> dict[str, Any]:
         "fallback_paths_taken": "exact, same_user_pair, same_user, similar_users (the k nearest users in the "
         "snapshot's own index, their pairs of the same ad from that snapshot), none (zeros + the path one-hot)",
         "similar_users_share": _path_share(features, FallbackPath.SIMILAR_USERS),
+        "historical_representations": seq_stats,
         "index_users": config.index_users,
         "plan": {**asdict(config.plan), "ranker": asdict(config.plan.ranker)},
         "seconds": {k: round(clock[k] - clock["start"], 1) for k in clock if k != "start"},

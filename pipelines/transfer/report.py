@@ -4,10 +4,18 @@ the transfer ratio, the freshness row, and a plot of gain against representation
 Intervals: a variant's AUC and NE are means over seeds, their interval the 5th..95th percentile
 over bootstrap resamples of the holdout rows (the same resamples for every variant, so gains and
 the ratio are paired). A gain's interval is :func:`pipelines.model.train.metrics.seeded_auc_gain`'s:
-the rows' bootstrap noise plus the seeds' spread. ``transfer_ratio`` = AUC gain with
-representations / AUC gain with distillation; ``transfer_ratio_p05`` its 5th percentile over the
+the rows' bootstrap noise plus the seeds' spread. ``reps_instead_of_kd`` = AUC gain with the
+as-of representations / AUC gain with distillation (LoopFM's snapshot form *instead of* KD, not
+the paper's measure); ``reps_instead_of_kd_p05`` its 5th percentile over the
 paired row resamples (a draw where distillation gains nothing and representations do counts as
 an unbounded ratio).
+
+The paper's measure (LoopFM, arXiv 2605.29280), under ``loopfm``: FM gain = AUC(GEM live) -
+AUC(alone); TR(variant) = (AUC(variant) - AUC(alone)) / FM gain, its interval the 5th..95th
+percentile of the same ratio on each paired row resample (seed means); ``loopfm_on_kd`` =
+TR(KD + LoopFM) / TR(KD) (= the ratio of their gains over alone), with its 5th percentile over the
+paired resamples as ``loopfm_on_kd_p05``. KD + LoopFM is ``seq_reps_distilled`` (both LoopFM forms
+on top of distillation) when the sequence variants ran, else ``reps_distilled`` (the snapshot form).
 """
 
 from __future__ import annotations
@@ -21,9 +29,18 @@ import numpy as np
 from pipelines.model.train.metrics import auc, normalized_entropy, seeded_auc_gain
 from pipelines.transfer.variants import VariantRun
 
-__all__ = ["build_report", "json_safe", "plot_report"]
+__all__ = ["LOOPFM_VARIANTS", "build_report", "json_safe", "plot_report"]
 
 DRAWS = 200
+#: The paper's names for the variants whose transfer ratio the report gives.
+LOOPFM_VARIANTS = {
+    "kd": "distilled",
+    "loopfm_snapshot": "reps",
+    "loopfm_sequence": "seq",
+    "loopfm": "seq_reps",
+    "kd_loopfm_snapshot": "reps_distilled",
+    "kd_loopfm": "seq_reps_distilled",
+}
 
 
 def json_safe(value: Any) -> Any:
@@ -78,13 +95,15 @@ def build_report(
     """The report's figures (see the module docstring); ``ages_h``: mean pair-slot age in hours of
     each representation variant on the holdout."""
     labels = np.asarray(labels, np.float64)
-    draws = _metric_draws(labels, weights, run.holdout_probs, seed)
+    scored = run.holdout_probs | ({"gem": [np.asarray(teacher_holdout)]} if teacher_holdout is not None else {})
+    draws = _metric_draws(labels, weights, scored, seed)
     alone = run.holdout_probs["alone"]
     variants: dict[str, Any] = {}
     for v, per_seed in run.holdout_probs.items():
         a = float(np.mean([auc(labels, p, weights) for p in per_seed]))
+        row: dict[str, Any]
         ne = float(np.mean([normalized_entropy(labels, p, weights) for p in per_seed]))
-        row: dict[str, Any] = {
+        row = {
             "auc": a,
             "auc_p05": _q(draws[v]["auc"], 0.05),
             "auc_p95": _q(draws[v]["auc"], 0.95),
@@ -118,12 +137,13 @@ def build_report(
     )
     report: dict[str, Any] = {
         "variants": variants,
-        "transfer_ratio": ratio,
-        "transfer_ratio_p05": _ratio_p05(gain_draws["reps"], gain_draws["distilled"]),
+        "reps_instead_of_kd": ratio,
+        "reps_instead_of_kd_p05": _ratio_p05(gain_draws["reps"], gain_draws["distilled"]),
         "reps_minus_distilled": seeded_auc_gain(
             labels, run.holdout_probs["reps"], run.holdout_probs["distilled"], weights, draws=DRAWS, seed=seed
         ),
         "distillation": {"choice": run.distill_choice, "grid": run.distill_grid},
+        "sequence_reader": run.seq_mode_choice,
         "freshness": _freshness(run, labels, weights, variants, seed),
     }
     if teacher_holdout is not None:
@@ -131,8 +151,40 @@ def build_report(
             "auc": auc(labels, teacher_holdout, weights),
             "ne": normalized_entropy(labels, teacher_holdout, weights),
         }
+        report["loopfm"] = _loopfm(variants, draws, report["gem_live"]["auc"])
+        report["loopfm_on_kd"] = report["loopfm"]["loopfm_on_kd"]
+        report["loopfm_on_kd_p05"] = report["loopfm"]["loopfm_on_kd_p05"]
     report["verdict"] = _verdict(report)
     return report
+
+
+def _loopfm(variants: dict[str, Any], draws: dict[str, dict[str, np.ndarray]], gem_auc: float) -> dict[str, Any]:
+    """The paper's transfer ratios (see the module docstring)."""
+    fm_gain = gem_auc - variants["alone"]["auc"]
+    fm_draws = draws["gem"]["auc"] - draws["alone"]["auc"]
+    ratios: dict[str, Any] = {}
+    for paper, v in LOOPFM_VARIANTS.items():
+        if v not in variants:
+            continue
+        tr_draws = (draws[v]["auc"] - draws["alone"]["auc"]) / np.where(fm_draws != 0, fm_draws, np.nan)
+        ratios[paper] = {
+            "variant": v,
+            "tr": variants[v]["auc_gain"] / fm_gain if fm_gain else float("nan"),
+            "tr_p05": _q(tr_draws, 0.05),
+            "tr_p95": _q(tr_draws, 0.95),
+        }
+    on_top = "seq_reps_distilled" if "seq_reps_distilled" in variants else "reps_distilled"
+    gains = {v: draws[v]["auc"] - draws["alone"]["auc"] for v in (on_top, "distilled")}
+    kd_gain = variants["distilled"]["auc_gain"]
+    return {
+        "fm_gain": fm_gain,
+        "fm_gain_p05": _q(fm_draws, 0.05),
+        "fm_gain_p95": _q(fm_draws, 0.95),
+        "transfer_ratio": ratios,
+        "kd_loopfm_variant": on_top,
+        "loopfm_on_kd": variants[on_top]["auc_gain"] / kd_gain if kd_gain else float("nan"),
+        "loopfm_on_kd_p05": _ratio_p05(gains[on_top], gains["distilled"]),
+    }
 
 
 def _freshness(
@@ -171,8 +223,8 @@ def _verdict(report: dict[str, Any]) -> str:
         f"representations {word} distillation: AUC gain over alone {reps['auc_gain']:+.4f} "
         f"[{reps['auc_gain_p05']:+.4f}, {reps['auc_gain_p95']:+.4f}] vs {dist['auc_gain']:+.4f} "
         f"[{dist['auc_gain_p05']:+.4f}, {dist['auc_gain_p95']:+.4f}]; difference {diff['gain']:+.4f} "
-        f"[{diff['low']:+.4f}, {diff['high']:+.4f}]; transfer ratio {report['transfer_ratio']:.2f} "
-        f"(p05 {report['transfer_ratio_p05']:.2f})"
+        f"[{diff['low']:+.4f}, {diff['high']:+.4f}]; gain ratio {report['reps_instead_of_kd']:.2f} "
+        f"(p05 {report['reps_instead_of_kd_p05']:.2f})"
     )
 
 
@@ -219,7 +271,10 @@ def plot_report(report: dict[str, Any], path: str | Path) -> Path:
     right.set_xlabel("bytes per stored representation (user or pair)")
     for ax in (left, right):
         ax.legend(loc="best", fontsize=8)
-    fig.suptitle(f"transfer ratio {report['transfer_ratio']:.2f} (p05 {report['transfer_ratio_p05']:.2f})")
+    fig.suptitle(
+        f"representations instead of KD: gain ratio {report['reps_instead_of_kd']:.2f} "
+        f"(p05 {report['reps_instead_of_kd_p05']:.2f})"
+    )
     fig.tight_layout()
     out = Path(path)
     fig.savefig(out, dpi=110)

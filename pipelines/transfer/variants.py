@@ -12,7 +12,13 @@
 ``reps_age_X``          representations at least X old (trained and scored so)
 ``reps_similar``        representations whose uncovered pairs take the similar-users path (the
                         chain without the same-user step) instead of the user-level vector
+``seq``                 + the last L historical representations (LoopFM's sequence form), read
+                        by target attention or pooling, whichever the validation split prefers
+``seq_reps``            + the sequence and the as-of representations (LoopFM, both forms)
+``seq_reps_distilled``  LoopFM (both forms) on top of distillation (the temperature/weight above)
 ======================  ========================================================================
+
+The ``seq*`` variants run when the historical representation sequences are given.
 
 The freshness row: the ``reps`` ranker served representations ``adapter_age`` old, then with a
 residual adapter trained on the validation split (the newest labels) with those stale
@@ -23,15 +29,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from tqdm import tqdm
 
+from pipelines.model.context import WINDOW
 from pipelines.model.train.metrics import auc
 from pipelines.transfer.compress import Codec, fit_codec, rep_block
 from pipelines.transfer.data import Splits
 from pipelines.transfer.downstream import (
+    SEQ_MODES,
     Distill,
     DownstreamRanker,
     RankerConfig,
@@ -56,7 +64,7 @@ SPLITS = ("train", "validation", "holdout")
 @dataclass(frozen=True)
 class VariantPlan:
     """What to train: seeds, the distillation grid, the codecs, the age settings, the other fallback
-    settings (``reps_<name>``), the adapter's age."""
+    settings (``reps_<name>``), the adapter's age, the ranker and the length of its own window."""
 
     seeds: tuple[int, ...] = (0, 1)
     temperatures: tuple[float, ...] = (1.0, 2.0, 4.0)
@@ -66,6 +74,7 @@ class VariantPlan:
     fallbacks: tuple[str, ...] = ("similar",)
     adapter_age: str = "age_7d"
     ranker: RankerConfig = field(default_factory=RankerConfig)
+    vm_window: int = WINDOW  # the ranker's own window of last events (production VMs see a short one)
     progress: bool = True
 
 
@@ -80,6 +89,7 @@ class VariantRun:
     distill_grid: list[dict[str, float]] = field(default_factory=list)
     distill_choice: list[dict[str, float]] = field(default_factory=list)
     adapter_probs: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    seq_mode_choice: dict[str, object] = field(default_factory=dict)
 
 
 def _add(run: VariantRun, name: str, digest: str, probs: np.ndarray) -> None:
@@ -104,17 +114,55 @@ def _choose_distill(
     return Distill(teacher, t, w), grid, models
 
 
+def _choose_seq_mode(
+    x: dict[str, RankerInputs], splits: Splits, seq: dict[str, np.ndarray], plan: VariantPlan
+) -> tuple[RankerConfig, dict[str, object]]:
+    """The sequence reader (attention or pooling) with the better validation AUC, first seed."""
+    seed, scores = plan.seeds[0], {}
+    for mode in SEQ_MODES:
+        config = replace(plan.ranker, seq_mode=mode)
+        model = fit_ranker(x["train"], splits.train.weights, config, seq=seq["train"], seed=seed)
+        scores[mode] = auc(
+            x["validation"].labels,
+            predict_ranker(model, x["validation"], seq=seq["validation"]),
+            splits.validation.weights,
+        )
+    best = max(SEQ_MODES, key=lambda m: scores[m] if np.isfinite(scores[m]) else -np.inf)
+    return replace(plan.ranker, seq_mode=best), {"mode": best, "validation_auc": scores, "seed": seed}
+
+
+def _sequence_variants(
+    run: VariantRun,
+    x: dict[str, RankerInputs],
+    splits: Splits,
+    seq: dict[str, np.ndarray],
+    reps: dict[str, np.ndarray],
+    distill: Distill,
+    config: RankerConfig,
+    seed: int,
+) -> None:
+    digest, w = splits.train.digest(), splits.train.weights
+    for name, rep, d in (("seq", None, None), ("seq_reps", reps, None), ("seq_reps_distilled", reps, distill)):
+        model = fit_ranker(
+            x["train"], w, config, rep=None if rep is None else rep["train"], seq=seq["train"], distill=d, seed=seed
+        )
+        probs = predict_ranker(model, x["holdout"], None if rep is None else rep["holdout"], seq["holdout"])
+        _add(run, name, digest, probs)
+
+
 def run_variants(
     splits: Splits,
     task: str,
     features: dict[str, dict[str, RepFeatures]],
     teacher: Callable[[Splits], np.ndarray],
     plan: VariantPlan,
+    sequences: dict[str, np.ndarray] | None = None,
 ) -> VariantRun:
     """Train every variant for every seed on ``splits.train`` (``features[setting][split]``: as-of
     features of each split; ``teacher(splits)``: the GEM model's probabilities on the training
-    rows only, in their order)."""
-    x = {name: ranker_inputs(getattr(splits, name).examples, task) for name in SPLITS}
+    rows only, in their order; ``sequences[split] (N, L, R)``: the historical representations of
+    each split's rows, for the ``seq*`` variants)."""
+    x = {name: ranker_inputs(getattr(splits, name).examples, task, plan.vm_window) for name in SPLITS}
     soft = np.asarray(teacher(splits), np.float32)
     if soft.shape != (len(x["train"]),):
         raise ValueError(f"teacher gave {soft.shape} targets for {len(x['train'])} training rows")
@@ -132,6 +180,9 @@ def run_variants(
     others = (*plan.ages, *plan.fallbacks)
     total = len(plan.seeds) * (4 + len(plan.temperatures) * len(plan.distill_weights) + len(codecs) + len(others))
     bar = tqdm(total=total, desc="downstream variants", disable=not plan.progress, dynamic_ncols=True)
+    seq_config = plan.ranker
+    if sequences is not None:
+        seq_config, run.seq_mode_choice = _choose_seq_mode(x, splits, sequences, plan)
     for seed in plan.seeds:
         rc, w = plan.ranker, splits.train.weights
         alone = fit_ranker(x["train"], w, rc, seed=seed)
@@ -152,6 +203,9 @@ def run_variants(
         both = fit_ranker(x["train"], w, rc, rep=block(MAIN, "train"), distill=distill, seed=seed)
         _add(run, "reps_distilled", digest, predict_ranker(both, x["holdout"], block(MAIN, "holdout")))
         bar.update(1)
+        if sequences is not None:
+            snapshot = {s: block(MAIN, s) for s in ("train", "holdout")}
+            _sequence_variants(run, x, splits, sequences, snapshot, distill, seq_config, seed)
         for setting in others:
             model = fit_ranker(x["train"], w, rc, rep=block(setting, "train"), seed=seed)
             _add(run, f"reps_{setting}", digest, predict_ranker(model, x["holdout"], block(setting, "holdout")))

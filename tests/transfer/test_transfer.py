@@ -125,12 +125,27 @@ def test_cli_writes_the_report_and_the_plot(world: tuple[Path, Path], tmp_path: 
     small = ["--max-train", "600", "--max-holdout", "400", "--seeds", "1", "--epochs", "1", "--no-progress"]
     assert main([*argv, *small, "--cadence", "6h"]) == 0
     report = json.loads((out / "report.json").read_text())
-    assert {"transfer_ratio", "transfer_ratio_p05", "variants", "freshness", "verdict"} <= set(report)
+    assert {"reps_instead_of_kd", "reps_instead_of_kd_p05", "variants", "freshness", "verdict"} <= set(report)
     for name in ("alone", "distilled", "reps", "reps_int8", "reps_pca16", "reps_distilled"):
         v = report["variants"][name]
         assert v["auc_p05"] <= v["auc"] <= v["auc_p95"]
         assert v["train_digest"] == report["splits"]["train"]["digest"]
     assert report["variants"]["reps_pca16"]["bytes_per_pair"] == 32
+    # the paper's measure: FM gain, TR per variant with intervals, KD + LoopFM over KD
+    loop = report["loopfm"]
+    assert loop["kd_loopfm_variant"] == "seq_reps_distilled"
+    assert set(loop["transfer_ratio"]) == {
+        "kd", "loopfm_snapshot", "loopfm_sequence", "loopfm", "kd_loopfm_snapshot", "kd_loopfm",
+    }  # fmt: skip
+    gains = {k: report["variants"][v["variant"]]["auc_gain"] for k, v in loop["transfer_ratio"].items()}
+    assert report["loopfm_on_kd"] == pytest.approx(gains["kd_loopfm"] / gains["kd"])
+    p05 = report["loopfm_on_kd_p05"]  # None (JSON) where a draw's KD gain is not positive: unbounded below
+    assert p05 is None or p05 <= report["loopfm_on_kd"]
+    assert report["sequence_reader"]["mode"] in ("attention", "pool")
+    assert report["historical_representations"]["bytes_per_user"]["float16"] == 32 * 2 * 8  # tiny_config: 8 dims
+    import pyarrow.parquet as pq
+
+    assert pq.read_schema(out / "rep_history.parquet").metadata[b"gem.layout"] == b"rep_history"
     assert (out / "transfer.png").stat().st_size > 0
     assert sorted(p.name for p in (out / "asof").iterdir()) == ["shard=00000", "shard=00001"]
     assert main([*argv, *small]) == 2  # an existing report needs --overwrite

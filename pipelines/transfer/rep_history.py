@@ -1,0 +1,122 @@
+"""Historical representations (LoopFM): the GEM model's representation of each engagement in a
+user's history, as of that engagement, kept as a jagged sequence per user.
+
+For event ``i`` of a user (an impression, click, conversion ... on an ad or an organic item), its
+representation is the model's pair representation of (user, the event's item, its surface),
+computed by the precompute stage's own batch builder at the event's time: the history it reads
+holds the user's events strictly before event ``i``, so it never reads its own outcome (a click
+or conversion comes later) nor anything after it. A training example whose history ends at
+``history_end`` reads the representations of events ``[history_end - L, history_end)`` only, all
+computed from events before the example.
+
+Layout (``pipelines.schemas.layouts.REP_HISTORY``): one row per user, ``events`` a list of
+``(position, event_time, embedding)`` oldest to newest, ``position`` the event's place in the
+user's stored history list.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from pipelines.model.gem import GemModel
+from pipelines.model.inputs import HistoryIndex
+from pipelines.schemas.layouts import rep_history_schema
+from pipelines.similarity.model_reps import PairQueries, pair_reps
+
+__all__ = ["RepHistory", "compute_rep_history", "events_needed", "rep_history_table", "rep_sequences"]
+
+
+@dataclass(frozen=True)
+class RepHistory:
+    """Representations of ``E`` events: ``event (E,) int64`` the event's flat index in the
+    :class:`HistoryIndex` (sorted ascending, unique), ``embedding (E, R) float32`` (float16-rounded,
+    as a store keeps it)."""
+
+    event: np.ndarray
+    embedding: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.event)
+
+
+def _window(index: HistoryIndex, rows: np.ndarray, ends: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(flat (N, L) int64, valid (N, L) bool)``: the flat indices of each example's last ``length``
+    events before its ``history_end``, right-aligned (newest last); rows of -1 have none."""
+    rows = np.asarray(rows, np.int64)
+    start = index.offsets[np.maximum(rows, 0)]
+    end = start + np.asarray(ends, np.int64)
+    flat = end[:, None] - length + np.arange(length, dtype=np.int64)[None, :]
+    valid = (flat >= start[:, None]) & (rows[:, None] >= 0)
+    return np.where(valid, flat, 0), valid
+
+
+def events_needed(index: HistoryIndex, rows: np.ndarray, ends: np.ndarray, length: int) -> np.ndarray:
+    """The flat indices (sorted, unique) of every event inside some example's last-``length`` window."""
+    flat, valid = _window(index, rows, ends, length)
+    return np.unique(flat[valid])
+
+
+def compute_rep_history(model: GemModel, index: HistoryIndex, events: np.ndarray) -> RepHistory:
+    """The model's as-of representation of each flat event index in ``events`` (see the module
+    docstring): one single-ad request per event, at the event's own time."""
+    events = np.unique(np.asarray(events, np.int64))
+    row_of = np.searchsorted(index.offsets, events, side="right") - 1
+    cols = index.columns
+    queries = PairQueries(
+        index.user_ids[row_of],
+        cols["item_id"][events],
+        cols["advertiser_id"][events],
+        cols["category"][events],
+        cols["surface"][events],
+    )
+    got = pair_reps(model, index, queries, index.event_time[events])
+    return RepHistory(events, got.pair.astype(np.float16).astype(np.float32))
+
+
+def rep_sequences(
+    history: RepHistory,
+    index: HistoryIndex,
+    rows: np.ndarray,
+    ends: np.ndarray,
+    length: int,
+    fallback: np.ndarray | None = None,
+) -> np.ndarray:
+    """``(N, L, R) float32``: each example's last ``length`` historical representations before its
+    ``history_end``, right-aligned, all-zero vectors where there is none (padding). An example with
+    none at all gets ``fallback[i]`` (its as-of user representation, as the resolver would hand
+    it) in the newest slot, when given. Every needed event must be in ``history``."""
+    flat, valid = _window(index, rows, ends, length)
+    pos = np.searchsorted(history.event, flat)
+    found = valid & (pos < len(history)) & (history.event[np.minimum(pos, len(history) - 1)] == flat)
+    if not np.array_equal(found, valid):
+        raise ValueError(f"{int((valid & ~found).sum())} window events have no representation; compute them first")
+    dim = history.embedding.shape[1]
+    out = np.zeros((len(flat), length, dim), np.float32)
+    out[valid] = history.embedding[pos[valid]]
+    if fallback is not None:
+        empty = ~valid.any(axis=1)
+        out[empty, -1] = fallback[empty]
+    return out
+
+
+def rep_history_table(history: RepHistory, index: HistoryIndex) -> pa.Table:
+    """The ``REP_HISTORY`` layout: one row per user with representations, events oldest to newest."""
+    row_of = np.searchsorted(index.offsets, history.event, side="right") - 1
+    users, starts = np.unique(row_of, return_index=True)
+    offsets = np.append(starts, len(history)).astype(np.int32)
+    dim = history.embedding.shape[1]
+    items = pa.StructArray.from_arrays(
+        [
+            pa.array((history.event - index.offsets[row_of]).astype(np.int32)),
+            pa.array(index.event_time[history.event]).cast(pa.timestamp("ms", tz="UTC")),
+            pa.FixedSizeListArray.from_arrays(pa.array(history.embedding.ravel().astype(np.float16)), dim),
+        ],
+        fields=list(rep_history_schema(dim).field("events").type.value_type),
+    )
+    return pa.table(
+        {"user_id": pa.array(index.user_ids[users]), "events": pa.ListArray.from_arrays(pa.array(offsets), items)},
+        schema=rep_history_schema(dim),
+    )
