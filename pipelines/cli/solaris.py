@@ -6,8 +6,9 @@ For every set at --stage (default early: ~200 ads, tens to hundreds of ms before
 late stage needs them) it computes the pairs with --model on the user's latest
 history (--histories: the --output folder of `stream`, followed as it flushes, or of
 `features`), each request's history encoded once, and writes them to --store before
-committing the offset. Pairs already fresh in the store (computed on the user's
-current history, younger than --pair-max-age) are skipped; sets whose `needed_by` has
+committing the offset. Pairs already fresh in the store (computed by the same
+model version on the user's current history, younger than --pair-max-age) are
+skipped: after a model swap every pair is computed again; sets whose `needed_by` has
 passed are dropped, not computed late; when more sets wait than --queue-size, the
 oldest are shed. All three are counted in the metrics (--metrics-port) and the
 closing line. A restarted job (even after SIGKILL) resumes from the committed offsets

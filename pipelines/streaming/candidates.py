@@ -13,8 +13,8 @@ histories job whose flush files it reads. Two threads:
   (:class:`pipelines.streaming.state.OffsetLedger`) and measures the lag;
 - the worker takes batches of candidate sets, drops those past their deadline
   (``needed_by``; counted, never computed late), reads their pairs from the store and
-  skips those already fresh (computed on the user's current history: the compute
-  saved), computes the rest with the model's shared-history path (each request's
+  skips those already fresh (computed by the same model version on the user's current
+  history: the compute saved), computes the rest with the model's shared-history path (each request's
   history encoded once, :meth:`pipelines.precompute.refresh.Refresher.pairs`),
   writes them to the store, and only then marks the sets done.
 
@@ -296,7 +296,7 @@ class _Compute:
             )
         )
         stored = self._store.read_arrays(users, ads, np.ones(len(users), bool), max_age_s=self._max_age_s)
-        plan = plan_pairs(work, stored, last)
+        plan = plan_pairs(work, stored, last, self._model.model_version)
         if plan.requests.num_rows:
             table = self._refresher.pairs(histories, plan.requests, computed_at_ms=int(time.time() * 1000))
             self._store.write_batch(table)

@@ -96,14 +96,19 @@ def pair_keys(work: list[CandidateWork]) -> tuple[np.ndarray, np.ndarray]:
     return users, np.concatenate([w.ad_ids for w in work]).astype(np.int64)
 
 
-def plan_pairs(work: list[CandidateWork], stored: ReadResult, last_event_ms: dict[int, int]) -> Plan:
+def plan_pairs(
+    work: list[CandidateWork], stored: ReadResult, last_event_ms: dict[int, int], model_version: str
+) -> Plan:
     """The pairs of ``work`` to compute: not those ``stored`` (a store read of :func:`pair_keys`, in
-    that order) holds fresh (found, within the store's max age, and computed on the user's current
-    history: watermark at or after ``last_event_ms[user]``, 0 for a user without history), and each
-    (user, ad) once per batch."""
+    that order) holds fresh, and each (user, ad) once per batch.
+
+    Fresh means found, within the store's max age, computed by this ``model_version`` (a pair of
+    another model is never served as this one's, nor counted as compute saved), and computed on the
+    user's current history: watermark at or after ``last_event_ms[user]``, 0 for a user without history."""
     users, ads = pair_keys(work)
     last = np.fromiter((last_event_ms.get(int(u), 0) for u in users), np.int64, len(users))
-    fresh = stored.found & ~stored.stale & (stored.history_watermark_ms >= last)
+    same_model = np.asarray(stored.model_version == model_version, dtype=bool)
+    fresh = stored.found & ~stored.stale & same_model & (stored.history_watermark_ms >= last)
     keys = np.stack([users, ads], axis=1) if len(users) else np.zeros((0, 2), np.int64)
     first = np.zeros(len(users), bool)
     if len(users):

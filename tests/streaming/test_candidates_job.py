@@ -79,12 +79,25 @@ def test_plan_skips_fresh_pairs_and_repeats(tmp_path: Path) -> None:
         users, ads = pair_keys(work)
         stored = store.read_arrays(users, ads, np.ones(len(users), bool), max_age_s=3_600)
         # user 2 has a newer event than the stored pair saw: recompute; user 1's pairs are current
-        plan = plan_pairs(work, stored, {1: 5_000, 2: 6_000})
+        plan = plan_pairs(work, stored, {1: 5_000, 2: 6_000}, "m")
     assert (plan.pairs_asked, plan.pairs_fresh, plan.pairs_repeated, plan.pairs_to_compute) == (8, 2, 1, 5)
     rows = plan.requests.to_pylist()
     assert [(r["user_id"], r["ad_ids"]) for r in rows] == [(1, [12]), (2, [10, 13]), (1, [14]), (3, [10])]
     assert rows[1]["request_time"].timestamp() * 1000 == 6_001  # after the user's last event
     assert rows[3]["request_time"].timestamp() * 1000 == 1_000  # no history: the stage time
+
+
+def test_a_pair_of_another_model_version_is_never_fresh(tmp_path: Path) -> None:
+    now_ms = int(time.time() * 1000)
+    with open_store(f"lmdb://{tmp_path}/store") as store:
+        store.write_batch(_reps([(1, 10), (1, 11)], watermark_ms=5_000, computed_at_ms=now_ms))  # model "m"
+        work = [_work(0, 1, [10, 11])]
+        users, ads = pair_keys(work)
+        stored = store.read_arrays(users, ads, np.ones(len(users), bool), max_age_s=3_600)
+    assert plan_pairs(work, stored, {1: 5_000}, "m").pairs_fresh == 2
+    swapped = plan_pairs(work, stored, {1: 5_000}, "m2")
+    assert (swapped.pairs_fresh, swapped.pairs_to_compute) == (0, 2)
+    assert swapped.requests["ad_ids"].to_pylist() == [[10, 11]]
 
 
 # -- against the real broker and an LMDB store ---------------------------------------------------------------
@@ -156,6 +169,34 @@ def test_job_writes_pairs_drops_late_sets_and_skips_fresh_ones(
 
 
 @pytest.mark.integration
+def test_after_a_model_swap_every_pair_is_computed_again_by_the_new_model(
+    kafka: KafkaConnection, make_topic: MakeTopic, world: World, tmp_path: Path
+) -> None:
+    import torch
+
+    from pipelines.model import GemModel, load_model, save_checkpoint
+
+    old = load_model(world.model, device="cpu")
+    torch.manual_seed(1)
+    new_dir = tmp_path / "model-2"
+    save_checkpoint(GemModel(old.config), new_dir)
+    new_version = load_model(new_dir, device="cpu").model_version
+    assert new_version != old.model_version
+    sets = _retimed(stage_rows(_funnel_sets(12), "early").slice(0, 6), 3_600)
+    topic, store = make_topic(partitions=1), f"lmdb://{tmp_path}/store"
+    _send(kafka, topic, sets)
+    asked = sum(len(a) for a in sets["ad_ids"].to_pylist())
+    first = CandidatesJob(kafka, _config(world, topic, store)).run()
+    assert first.pairs_fresh == 0 and first.pairs_computed > 0
+    swapped = CandidatesJob(kafka, _config(world, topic, store, model=str(new_dir))).run()
+    # the old model's pairs are not this model's: none is fresh, none counts as compute saved
+    assert swapped.pairs_fresh == 0 and swapped.pairs_computed + swapped.pairs_repeated == asked
+    assert set(_versions(store, sets)) == {new_version}  # the store now serves the new model's pairs
+    again = CandidatesJob(kafka, _config(world, topic, store, model=str(new_dir))).run()
+    assert again.pairs_computed == 0 and again.pairs_fresh + again.pairs_repeated == asked
+
+
+@pytest.mark.integration
 def test_overload_sheds_the_oldest_sets_and_commits_them(
     kafka: KafkaConnection, make_topic: MakeTopic, world: World, tmp_path: Path
 ) -> None:
@@ -206,6 +247,13 @@ def test_sigkill_and_restart_write_each_pair_once(
     assert np.array_equal(after[written], before[written])  # nothing written twice
     committed = ast.literal_eval(done.stdout.rsplit("committed ", 1)[1].strip())
     assert sum(committed.values()) == sets.num_rows  # the restart finished and committed everything
+
+
+def _versions(store_uri: str, table: pa.Table) -> list[str | None]:
+    users = np.repeat(table["user_id"].to_numpy(), [len(a) for a in table["ad_ids"].to_pylist()])
+    ads = np.concatenate([np.asarray(a, np.int64) for a in table["ad_ids"].to_pylist()])
+    with open_store(store_uri) as store:
+        return list(store.read_arrays(users, ads, np.ones(len(users), bool)).model_version)
 
 
 def _computed_at(store_uri: str, table: pa.Table) -> np.ndarray:
