@@ -4,8 +4,10 @@ The columnar counterpart of :mod:`parse`: the same rules and reason codes, but
 expressed as Polars expressions over a whole batch. Enum columns may hold the
 layout's int8 codes or the wire format's lower-case strings; integer columns may
 be any width, signed or not (a uint64 id above 2^63 - 1 is ``out_of_range``).
-:func:`check_columns` refuses, before any row is read, a file whose column
-types no rule can take (a file-level fault, not a dead letter per row).
+:func:`check_columns` refuses, before any row is read, a file that lacks a required
+column or whose column types no rule can take (a file-level fault, not a dead letter
+per row); an absent optional column (``advertiser_id``, ``value``, ``device``) reads as
+nulls, as an absent optional field of a JSON line does.
 """
 
 from __future__ import annotations
@@ -70,8 +72,11 @@ def _acceptable(name: str, dtype: pa.DataType) -> bool:
 
 
 def check_columns(schema: pa.Schema) -> str | None:
-    """Why a file with ``schema`` cannot be validated (None when it can): a field's column has a type
-    that no per-row rule can take, e.g. a list or a struct. Absent columns are per-row faults."""
+    """Why a file with ``schema`` cannot be validated (None when it can): a required column is absent,
+    or a field's column has a type that no per-row rule can take, e.g. a list or a struct."""
+    missing = [f.name for f in EVENT.schema if not f.nullable and f.name not in schema.names]
+    if missing:
+        return f"required column(s) {', '.join(missing)} absent (the file has {', '.join(schema.names) or 'none'})"
     for field in EVENT.schema:
         if field.name in schema.names and not _acceptable(field.name, schema.field(field.name).type):
             return f"column {field.name!r} is {schema.field(field.name).type}, which the event layout cannot take"
@@ -130,7 +135,15 @@ def _typed_nulls(table: pa.Table) -> pa.Table:
 
 
 def _missing_columns(table: pa.Table) -> list[str]:
-    return [f.name for f in EVENT.schema if f.name not in table.column_names]
+    """Absent required columns (absent optional ones read as nulls: :func:`_with_optional_columns`)."""
+    return [f.name for f in EVENT.schema if not f.nullable and f.name not in table.column_names]
+
+
+def _with_optional_columns(table: pa.Table) -> pa.Table:
+    for field in EVENT.schema:
+        if field.nullable and field.name not in table.column_names:
+            table = table.append_column(field.name, pa.nulls(table.num_rows, field.type))
+    return table
 
 
 def _all_dead(table: pa.Table, reason: str, detail: str, source: str, first_row: int) -> ParseResult:
@@ -147,7 +160,7 @@ def validate_event_table(
     missing = _missing_columns(table)
     if missing:
         return _all_dead(table, reasons.MISSING_FIELD, f"column(s) {missing} absent", source, first_row)
-    df = pl.from_arrow(_typed_nulls(table.select(EVENT.schema.names)))
+    df = pl.from_arrow(_typed_nulls(_with_optional_columns(table).select(EVENT.schema.names)))
     assert isinstance(df, pl.DataFrame)
     try:
         df = df.with_columns(

@@ -144,6 +144,7 @@ def _splits_of_file(path: str, check: SchemaCheck | None) -> list[Split]:
             with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as raw:
                 if raw.read(2) not in (b"\x1f\x8b", b""):
                     raise BadInputError(f"{path}: not gzip (no gzip header at byte 0); nothing read")
+        _check_text_encoding(path)
         return [Split(path)]
     try:
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as source:
@@ -152,12 +153,59 @@ def _splits_of_file(path: str, check: SchemaCheck | None) -> list[Split]:
         raise BadInputError(f"{path}: not a readable Parquet file ({exc}); nothing read") from exc
     problem = check(meta.schema.to_arrow_schema()) if check else None
     if problem:
-        raise BadInputError(f"{path}: {problem}; nothing read")
+        raise BadInputError(
+            f"{path}: {problem}; nothing read. Fix: write the file with the event layout's columns "
+            "(pipelines/schemas/event.schema.json lists them), or leave it out of --input"
+        )
     splits, first = [], 0
     for i in range(meta.num_row_groups):
         splits.append(Split(path, i, first))
         first += meta.row_group(i).num_rows
     return splits
+
+
+def _check_text_encoding(path: str) -> None:
+    """Refuse a JSONL file in UTF-16 or UTF-32 as a whole (before any line is read): read as UTF-8,
+    each of its lines would only be a ``nul_byte`` dead letter. A UTF-8 byte-order mark is fine
+    (:func:`read_line_batches` strips it)."""
+    try:
+        with _open_lines(path) as f:
+            head = f.read(_SNIFF_BYTES)
+    except _READ_ERRORS:
+        return  # reading reports what is wrong with the file, after the lines before the fault
+    encoding = text_encoding_of(head)
+    if encoding is not None:
+        raise BadInputError(
+            f"{path}: the text is {encoding}, but events are UTF-8 JSON lines; nothing read. "
+            f"Fix: convert it, e.g. `iconv -f {encoding} -t UTF-8 IN > OUT.jsonl`"
+        )
+
+
+_SNIFF_BYTES = 64
+#: Byte-order marks of the encodings refused (longest first: UTF-32LE's starts with UTF-16LE's).
+_BOMS = (
+    (b"\xff\xfe\x00\x00", "UTF-32"),
+    (b"\x00\x00\xfe\xff", "UTF-32"),
+    (b"\xff\xfe", "UTF-16"),
+    (b"\xfe\xff", "UTF-16"),
+)
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def text_encoding_of(head: bytes) -> str | None:
+    """``"UTF-16"`` or ``"UTF-32"`` when the first bytes of a text file say so (a byte-order mark,
+    or ASCII characters each followed or preceded by NUL bytes); None for UTF-8 (or anything else).
+    One stray NUL byte in a UTF-8 line is not enough: every other byte must be NUL."""
+    for bom, name in _BOMS:
+        if head.startswith(bom):
+            return name
+    for width, name in ((4, "UTF-32"), (2, "UTF-16")):
+        n = len(head) - len(head) % width
+        units = [head[k : k + width] for k in range(0, n, width)]
+        # ASCII in either byte order: one non-NUL byte per code unit, always at the same end
+        if len(units) >= 2 and any(all(u.strip(b"\x00") == u[end:][:1] for u in units) for end in (0, -1)):
+            return name
+    return None
 
 
 def read_row_group(split: Split) -> pa.Table:
@@ -181,7 +229,8 @@ def _open_lines(path: str) -> IO[bytes] | gzip.GzipFile:
 def read_line_batches(path: str, batch_size: int) -> Iterator[tuple[list[bytes], list[str]]]:
     """(lines, sources) batches of a JSONL(.gz) file; sources are ``path:line`` (1-based).
 
-    Blank lines are skipped (they carry no record); a trailing ``\\r`` is stripped. A file
+    Blank lines are skipped (they carry no record); a trailing ``\\r`` is stripped, and so is a
+    UTF-8 byte-order mark at the start of the file. A file
     that ends early (truncated gzip) or is not what its name says raises
     :class:`BadInputError` after yielding every line read before the fault.
     """
@@ -192,6 +241,8 @@ def read_line_batches(path: str, batch_size: int) -> Iterator[tuple[list[bytes],
         with _open_lines(path) as f:
             for number, raw in enumerate(iter(f.readline, b""), start=1):
                 line = raw.rstrip(b"\r\n")
+                if number == 1 and line.startswith(UTF8_BOM):  # editors on Windows write one
+                    line = line[len(UTF8_BOM) :]
                 if not line.strip():
                     continue
                 lines.append(line)

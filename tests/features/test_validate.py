@@ -3,7 +3,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from pipelines.features import reasons
-from pipelines.features.validate import validate_event_table
+from pipelines.features.validate import check_columns, validate_event_table
 from pipelines.schemas.layouts import EVENT
 from tests.features.factories import T0, event, events_table
 
@@ -58,6 +58,20 @@ def test_missing_column_rejects_every_row() -> None:
     result = validate_event_table(table, "x.parquet")
     assert result.events.num_rows == 0
     assert result.dead_letters.column("reason").to_pylist() == [reasons.MISSING_FIELD]
+
+
+def test_absent_optional_columns_read_as_nulls() -> None:
+    table = events_table([event("a", 1, 0)]).drop_columns(["device", "value"])
+    result = validate_event_table(table, "x.parquet")
+    assert result.dead_letters.num_rows == 0
+    assert result.events.column("device").to_pylist() == [None] and result.events.column("value").null_count == 1
+
+
+def test_check_columns_refuses_a_file_without_a_required_column() -> None:
+    schema = events_table([event("a", 1, 0)]).drop_columns(["user_id", "device"]).schema
+    problem = check_columns(schema)
+    assert problem is not None and "user_id" in problem and "device" not in problem.split("(")[0]
+    assert check_columns(events_table([event("a", 1, 0)]).drop_columns(["device"]).schema) is None
 
 
 def test_negative_timestamp_is_rejected() -> None:
