@@ -11,7 +11,7 @@ DEMO_DIR ?= out/demo
 B ?=
 PYTEST_ARGS ?=
 
-.PHONY: prism help setup lock demo test test-unit bench lint services-up services-down kafka-up kafka-down redis-up redis-down s3-up s3-down clean
+.PHONY: prism help setup lock demo test test-unit bench lint services-up services-down kafka-up kafka-down redis-up redis-down s3-up s3-down browser clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -F':.*?## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -31,7 +31,7 @@ lock: ## re-resolve pyproject.toml's version ranges into constraints.txt (then m
 demo: setup ## generate ~1M events, build histories, inspect them (embedded defaults)
 	DEMO_DIR=$(DEMO_DIR) bash scripts/demo.sh
 
-test: setup prism services-up s3-up flink-jobserver spark-jobserver flink-up ## start the real services (Kafka, Redis, S3Proxy, Flink) and run every test
+test: setup prism browser services-up s3-up flink-jobserver spark-jobserver flink-up ## start the real services (Kafka, Redis, S3Proxy, Flink) and run every test
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: setup ## only the fast tests (no real services)
@@ -68,6 +68,9 @@ s3-up: ## start the project's S3-compatible store (S3Proxy) on 127.0.0.1:19900 (
 
 s3-down: ## stop the project's S3Proxy (its objects stay in .cache/s3proxy/data)
 	bash scripts/s3proxy.sh down
+
+browser: ## install Debian's chromium and chromium-driver (the HTML report tests open pages in it)
+	bash scripts/browser.sh install
 
 # Beam versions: the SDK's from the lock (its one statement), the Flink runner's from
 # deploy/versions.env (the file says why they differ). Read with sed, not `include`, so that

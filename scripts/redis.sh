@@ -34,18 +34,7 @@ our_pid() { pid_from "$PIDFILE" "redis-server"; }  # the server started from thi
 
 install() {
     command -v redis-server >/dev/null && command -v redis-cli >/dev/null && return 0
-    if [[ "$(id -u)" != 0 ]]; then
-        log "redis-server is not installed; run: sudo apt-get install -y redis-server"
-        exit 1
-    fi
-    log "installing Debian's redis-server ..."
-    export DEBIAN_FRONTEND=noninteractive
-    local apt=(apt-get install -y -qq --no-install-recommends redis-server)
-    "${apt[@]}" >"$STATE/apt.log" 2>&1 || { apt-get update -qq >>"$STATE/apt.log" 2>&1 && "${apt[@]}" >>"$STATE/apt.log" 2>&1; } || {
-        log "apt-get install redis-server failed; last lines of $STATE/apt.log:"
-        tail -n 20 "$STATE/apt.log" >&2
-        exit 1
-    }
+    apt_install "$STATE/apt.log" redis-server
     log "installed $(redis-server --version | cut -d' ' -f1-3)"
 }
 

@@ -74,3 +74,22 @@ stop_ours() {
     rm -f "$1"
     log "down"
 }
+
+# apt_install LOGFILE PACKAGE...: install Debian packages (apt-get update once if the first try
+# fails), output to LOGFILE; as non-root, print the command to run instead and exit 1.
+apt_install() {
+    local logfile="$1"
+    shift
+    if [[ "$(id -u)" != 0 ]]; then
+        log "not installed: $*; run: sudo apt-get install -y $*"
+        exit 1
+    fi
+    log "installing Debian's $* ..."
+    export DEBIAN_FRONTEND=noninteractive
+    local apt=(apt-get install -y -qq --no-install-recommends "$@")
+    "${apt[@]}" >"$logfile" 2>&1 || { apt-get update -qq >>"$logfile" 2>&1 && "${apt[@]}" >>"$logfile" 2>&1; } || {
+        log "apt-get install $* failed; last lines of $logfile:"
+        tail -n 20 "$logfile" >&2
+        exit 1
+    }
+}

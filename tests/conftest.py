@@ -24,7 +24,7 @@ from pipelines.store import (
 )
 from tests.store.reps import T0_S
 
-pytest_plugins = ["tests.fixtures.kafka"]
+pytest_plugins = ["tests.fixtures.kafka", "tests.fixtures.browser"]
 
 MakeStore = Callable[..., OnlineStore]
 

@@ -4,6 +4,12 @@ PATH may be a Parquet file, a folder of parts, or a features output folder (its
 histories/, training_examples/ and dead_letters/ are each summarised). Shows the
 layout and version, row counts, history-length percentiles with a text
 histogram, the surface and event-type mix, label rates and dead-letter reasons.
+
+--html REPORT.html writes the same as one self-contained page (no network fetch:
+figures are inline SVG): summary.json with its record balance checked, each
+dataset's schema, the history-length, surface and event-type distributions, a
+timeline, the dead letters by reason, and for representations the embedding norms
+and a 2-D projection (PCA).
 """
 
 from __future__ import annotations
@@ -17,6 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", metavar="PATH", help="a Parquet file or folder written by this project")
     parser.add_argument("--user", type=int, metavar="ID", help="print this user's history timeline")
     parser.add_argument("--plot", metavar="FILE.png", help="save the history distributions to a PNG")
+    parser.add_argument(
+        "--html", metavar="REPORT.html", help="write a self-contained HTML report (figures inline, nothing fetched)"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace the --html file if it exists")
 
 
 def _print_dataset(d, args: argparse.Namespace) -> None:
@@ -51,9 +61,28 @@ def _print_dataset(d, args: argparse.Namespace) -> None:
             print(f"   {reason:<26} {n}")
 
 
+def _balances(summary_file: Path) -> list:
+    """The record balances a summary.json of this project keeps (features, precompute)."""
+    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
+    found = []
+    if "records_in" in summary:
+        from pipelines.features.pipeline import RECORDS
+
+        found.append(RECORDS)
+    if "pairs_in" in summary:
+        from pipelines.precompute.pipeline import PAIRS
+
+        found.append(PAIRS)
+    return found
+
+
 def run(args: argparse.Namespace) -> int:
     from pipelines.inspect.report import find_datasets, is_streaming_output
 
+    if args.html:
+        from pipelines.inspect.output import check_report_path
+
+        check_report_path(args.path, args.html, overwrite=args.overwrite)
     datasets = find_datasets(args.path)  # refuses an uncommitted or damaged snapshot before printing anything
     if is_streaming_output(Path(args.path)):
         print("== a streaming job's output: flush files, each user's newest row is its current history")
@@ -62,4 +91,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"== summary.json\n{summary.read_text()}")
     for dataset in datasets:
         _print_dataset(dataset, args)
+    if args.html:
+        from pipelines.inspect.output import write_html_report
+
+        balances = _balances(summary)
+        print(
+            f"== html report: {write_html_report(args.path, args.html, datasets, balances, overwrite=args.overwrite)}"
+        )
     return 0

@@ -15,6 +15,7 @@ from pipelines.errors import InputNotFoundError
 from pipelines.io.commit import COMMITTED
 from pipelines.io.snapshot import open_snapshot
 from pipelines.io.summary import SUMMARY
+from pipelines.schemas.embeddings import decode_embeddings
 from pipelines.schemas.enums import EVENT_TYPES, SURFACES
 from pipelines.schemas.layouts import layout_of
 
@@ -150,18 +151,62 @@ def user_timeline(table: pa.Table, user_id: int) -> list[str]:
     return lines
 
 
+def embedding_vectors(table: pa.Table) -> np.ndarray:
+    """``(N, D) float32`` embeddings of a REPRESENTATION table (int8 codes times their scale)."""
+    emb = table.column("embedding")
+    if not pa.types.is_fixed_size_list(emb.type):
+        return np.zeros((0, 0), np.float32)
+    if not table.num_rows:
+        return np.zeros((0, emb.type.list_size), np.float32)
+    scale = table.column("embedding_scale") if "embedding_scale" in table.column_names else pa.nulls(table.num_rows)
+    return decode_embeddings(emb, scale)
+
+
+def pca_2d(vectors: np.ndarray, max_rows: int = 5_000) -> tuple[np.ndarray, np.ndarray]:
+    """``(M, 2)`` coordinates of ``vectors`` (N, D) on their first two principal components, and
+    the share of variance each explains. At most ``max_rows`` rows, evenly spaced (deterministic)."""
+    if len(vectors) > max_rows:
+        vectors = vectors[np.linspace(0, len(vectors) - 1, max_rows).astype(np.int64)]
+    coords = np.zeros((len(vectors), 2), np.float64)
+    if len(vectors) < 2 or vectors.shape[1] == 0:
+        return coords, np.zeros(2)
+    centred = vectors.astype(np.float64) - vectors.mean(axis=0)
+    _, singular, components = np.linalg.svd(centred, full_matrices=False)
+    k = min(2, components.shape[0])
+    coords[:, :k] = centred @ components[:k].T
+    variance = singular**2
+    explained = np.zeros(2)
+    explained[:k] = variance[:k] / max(float(variance.sum()), 1e-30)
+    return coords, explained
+
+
+def event_timeline(times_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray, str]:
+    """Events per day (per hour when they span at most two days): bin starts (ms), counts, unit."""
+    if times_ms.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), "day"
+    lo, hi = int(times_ms.min()), int(times_ms.max())
+    unit, width = ("hour", 3_600_000) if hi - lo <= 2 * 86_400_000 else ("day", 86_400_000)
+    first = lo // width
+    counts = np.bincount((times_ms.astype(np.int64) // width - first).astype(np.int64))
+    return (first + np.arange(len(counts), dtype=np.int64)) * width, counts, unit
+
+
+def history_event_times(table: pa.Table) -> np.ndarray:
+    """Every retained event's time (ms since the epoch) of a HISTORY table."""
+    times = pc.struct_field(pc.list_flatten(table.column("events")), "event_time")
+    return np.asarray(times.cast(pa.int64()).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
 def representation_stats(table: pa.Table) -> dict[str, object]:
     """Pair vs user-level counts, model versions, embedding dim and norms, score means."""
     is_user = table.column("ad_id").is_null()
-    emb = table.column("embedding").combine_chunks()
-    dim = emb.type.list_size if pa.types.is_fixed_size_list(emb.type) else 0
-    values = emb.flatten().to_numpy(zero_copy_only=False).astype(np.float32)
-    norms = np.linalg.norm(values.reshape(-1, dim), axis=1) if dim and table.num_rows else np.zeros(0)
+    vectors = embedding_vectors(table)
+    norms = np.linalg.norm(vectors, axis=1) if vectors.size else np.zeros(0)
     return {
         "pairs": int(table.num_rows - pc.sum(is_user).as_py()) if table.num_rows else 0,
         "users": int(pc.sum(is_user).as_py() or 0),
         "model_versions": sorted(set(table.column("model_version").to_pylist())),
-        "dim": dim,
+        "dim": int(vectors.shape[1]),
         "embedding_norm_p50": float(np.median(norms)) if norms.size else 0.0,
         "p_click_mean": float(pc.mean(table.column("p_click")).as_py() or 0.0),
         "p_conversion_mean": float(pc.mean(table.column("p_conversion")).as_py() or 0.0),

@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from pipelines.errors import ConfigError, InputNotFoundError, LayoutError
 from pipelines.io.commit import COMMITTED
 from pipelines.io.snapshot import REPRESENTATIONS, open_snapshot
+from pipelines.schemas.embeddings import decode_embeddings
 from pipelines.schemas.layouts import REPRESENTATION, layout_of
 
 __all__ = [
@@ -115,19 +116,6 @@ def embedding_dim(schema: pa.Schema, where: str) -> int:
     if not pa.types.is_fixed_size_list(kind):
         raise LayoutError(f"{where}: embedding is {kind}, expected fixed_size_list<float16>[dim]")
     return int(kind.list_size)
-
-
-def decode_embeddings(embedding: pa.Array | pa.ChunkedArray, scale: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """``(N, D) float32`` from a fixed-size-list column (float16, or int8 codes with a scale)."""
-    if isinstance(embedding, pa.ChunkedArray):
-        embedding = embedding.combine_chunks() if embedding.num_chunks else pa.array([], embedding.type)
-    dim = embedding.type.list_size
-    values = np.asarray(embedding.flatten().to_numpy(zero_copy_only=False), dtype=np.float32)
-    values = values.reshape(len(embedding), dim)
-    scales = np.asarray(pc.fill_null(scale, 1.0).to_numpy(zero_copy_only=False), dtype=np.float32)
-    if len(scales) and not np.all(scales == 1.0):
-        values *= scales[:, None]
-    return values
 
 
 def user_vectors(table: pa.Table, where: str = "table") -> UserVectors:
