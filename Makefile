@@ -11,7 +11,7 @@ DEMO_DIR ?= out/demo
 B ?=
 PYTEST_ARGS ?=
 
-.PHONY: prism help setup lock demo test test-unit bench lint services-up services-down kafka-up kafka-down redis-up redis-down s3-up s3-down browser clean
+.PHONY: prism help setup lock demo test test-unit bench lint services-up services-down kafka-up kafka-down redis-up redis-down redis-cluster-up redis-cluster-down s3-up s3-down browser clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -F':.*?## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -31,7 +31,7 @@ lock: ## re-resolve pyproject.toml's version ranges into constraints.txt (then m
 demo: setup ## generate ~1M events, build histories, inspect them (embedded defaults)
 	DEMO_DIR=$(DEMO_DIR) bash scripts/demo.sh
 
-test: setup prism browser services-up s3-up flink-jobserver spark-jobserver flink-up ## start the real services (Kafka, Redis, S3Proxy, Flink) and run every test
+test: setup prism browser services-up redis-cluster-up s3-up flink-jobserver spark-jobserver flink-up ## start the real services (Kafka, Redis, S3Proxy, Flink) and run every test
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: setup ## only the fast tests (no real services)
@@ -71,6 +71,12 @@ s3-down: ## stop the project's S3Proxy (its objects stay in .cache/s3proxy/data)
 
 browser: ## install Debian's chromium and chromium-driver (the HTML report tests open pages in it)
 	bash scripts/browser.sh install
+
+redis-cluster-up: ## start the project's 6-node Redis Cluster on 127.0.0.1:17000-17005 (3 masters, 3 replicas)
+	bash scripts/redis-cluster.sh up
+
+redis-cluster-down: ## stop the project's Redis Cluster (and forget its membership)
+	bash scripts/redis-cluster.sh down
 
 # Beam versions: the SDK's from the lock (its one statement), the Flink runner's from
 # deploy/versions.env (the file says why they differ). Read with sed, not `include`, so that

@@ -4,6 +4,7 @@
 #   scripts/redis.sh up       install Debian's redis-server if missing, start it, wait for PING
 #   scripts/redis.sh down     stop the server started by `up` (SHUTDOWN NOSAVE, then SIGTERM/SIGKILL)
 #   scripts/redis.sh status   exit 0 when the server answers PING, 3 when it is down
+#   scripts/redis.sh install  install Debian's redis-server if missing (scripts/redis-cluster.sh uses it)
 #
 # One redis-server on 127.0.0.1:$GEM_REDIS_PORT (default 16379); its pid file, log and
 # data dir live under $REDIS_STATE (default .cache/redis, git-ignored). No snapshots and
@@ -115,8 +116,12 @@ case "${1:-}" in
         down
         ;;
     status) status ;;
+    install)
+        lock
+        install
+        ;;
     *)
-        echo "usage: $0 up|down|status" >&2
+        echo "usage: $0 up|down|status|install" >&2
         exit 2
         ;;
 esac

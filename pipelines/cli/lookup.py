@@ -25,7 +25,12 @@ DEFAULT_FALLBACK_MAX_AGE_S = 7 * 86_400.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", required=True, metavar="URI", help="lmdb:///path or redis://host:port/db")
+    parser.add_argument(
+        "--store",
+        required=True,
+        metavar="URI",
+        help="lmdb:///path, redis://host:port/db, redis-cluster://host:port or package.module:Class://...",
+    )
     parser.add_argument("--index", required=True, metavar="INDEX_DIR", help="output folder of the index command")
     parser.add_argument("--user", required=True, type=int, help="the requesting user id")
     parser.add_argument("--ads", required=True, help="candidate ad ids, comma-separated")

@@ -30,7 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flags.add_model_input(parser)
     flags.add_output(parser, "the representations")
     parser.add_argument(
-        "--store", metavar="URI", help="also write to an online store: lmdb:///path or redis://host:port/db"
+        "--store",
+        metavar="URI",
+        help="also write to an online store: lmdb:///path, redis://host:port/db, redis-cluster://host:port or package.module:Class://...",
     )
     parser.add_argument(
         "--all-users", action="store_true", help="also emit a user-level representation for every user with a history"

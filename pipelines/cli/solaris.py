@@ -40,7 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--group", required=True, help="consumer group whose offsets the job commits")
     parser.add_argument("--histories", required=True, metavar="DIR", help="--output folder of `stream` or `features`")
     flags.add_model_input(parser)
-    parser.add_argument("--store", required=True, metavar="URI", help="lmdb:///path or redis://host:port/db")
+    parser.add_argument(
+        "--store",
+        required=True,
+        metavar="URI",
+        help="lmdb:///path, redis://host:port/db, redis-cluster://host:port or package.module:Class://...",
+    )
     parser.add_argument(
         "--stage", default="early", choices=FUNNEL_STAGES, help="funnel stage to precompute (default: %(default)s)"
     )

@@ -78,7 +78,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--store",
         metavar="URI",
-        help="online store for refreshed representations: lmdb:///path or redis://host:port/db",
+        help=(
+            "online store for refreshed representations: lmdb:///path, redis://host:port/db, "
+            "redis-cluster://host:port or package.module:Class://..."
+        ),
     )
     parser.add_argument(
         "--candidates",

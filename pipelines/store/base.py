@@ -1,8 +1,9 @@
 """The online store interface: write and read representations in batches, with ages.
 
 A backend implements five byte-level methods (``_put``, ``_get``, ``_delete``,
-``_versions``, ``clear``); encoding, expiry and staleness live here once, so every
-backend answers the same way and one test suite covers them all.
+``_versions``, ``clear``) and says how a ``--store`` URI configures it (``uri_options``,
+``config_from_uri``); encoding, expiry and staleness live here once, so every backend
+answers the same way and one test suite covers them all.
 
 Semantics, identical on every backend:
 
@@ -22,6 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -121,12 +123,29 @@ class WriteReport:
 class OnlineStore(abc.ABC):
     """Representations by (user_id, ad_id|None). Open one with ``pipelines.store.open_store``."""
 
+    #: The backend's own ``--store`` URI query options (beside max_age, expire_after, encoding).
+    uri_options: ClassVar[tuple[str, ...]] = ()
+
     def __init__(self, options: StoreOptions | None = None, clock: Clock | None = None) -> None:
         self.options = options or StoreOptions()
         self.clock: Clock = clock or time.time
         self._version_names: dict[int, str] = {}
 
     # -- the backend's part ------------------------------------------------------------
+    @classmethod
+    @abc.abstractmethod
+    def config_from_uri(cls, uri: str, location: str, options: dict[str, str]) -> Any:
+        """The config this backend is made with (``Backend(config, options, clock)``), from ``uri``:
+        ``location`` is its part after ``scheme://`` and before ``?``, ``options`` its query options
+        named in :attr:`uri_options` (the shared ones taken out). No I/O; raise ``ConfigError`` (or
+        ``ValueError``) naming the fix."""
+
+    @classmethod
+    def reader_config(cls, config: Any) -> Any:
+        """``config`` for a reader, which never creates a store (``open_store(reader=True)``); a backend
+        that creates its store on opening (LMDB) returns one that refuses to."""
+        return config
+
     @abc.abstractmethod
     def _put(self, keys: list[bytes], values: list[bytes], versions: dict[int, str]) -> int:
         """Store values unless the stored record is newer; record ``versions``; one round trip."""

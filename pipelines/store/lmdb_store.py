@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import lmdb
 
-from pipelines.errors import InputNotFoundError
+from pipelines.errors import ConfigError, InputNotFoundError
 from pipelines.store.base import Clock, OnlineStore, StoreFullError, StoreOptions
 from pipelines.store.codec import computed_at_of
 from pipelines.store.lmdb_file import check_data_file
+from pipelines.store.uri import FLAG, positive_number
 
 __all__ = ["LmdbConfig", "LmdbStore"]
 
@@ -54,6 +56,22 @@ class LmdbConfig:
 
 class LmdbStore(OnlineStore):
     """Representations in a local LMDB directory."""
+
+    uri_options: ClassVar[tuple[str, ...]] = ("map_size_gb",)
+
+    @classmethod
+    def config_from_uri(cls, uri: str, location: str, options: dict[str, str]) -> LmdbConfig:
+        """``lmdb:///abs/dir``, ``lmdb://rel/dir`` or a plain path; option ``map_size_gb``."""
+        if not location:
+            raise ConfigError(FLAG, f"{uri!r} names no directory", "use lmdb:///path/to/dir or a plain path")
+        size = options.get("map_size_gb")
+        return LmdbConfig(
+            location, LmdbConfig.map_size_gb if size is None else positive_number(size, "map_size_gb", uri)
+        )
+
+    @classmethod
+    def reader_config(cls, config: LmdbConfig) -> LmdbConfig:
+        return replace(config, create=False)
 
     def __init__(self, config: LmdbConfig, options: StoreOptions | None = None, clock: Clock | None = None):
         super().__init__(options, clock)

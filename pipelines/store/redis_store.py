@@ -13,15 +13,18 @@ from __future__ import annotations
 import itertools
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, ClassVar, cast
+from urllib.parse import urlsplit, urlunsplit
 
+from pipelines.errors import ConfigError
 from pipelines.optional import require_on_use
 from pipelines.redact import redact
 from pipelines.store.base import Clock, OnlineStore, StoreFullError, StoreOptions, StoreUnavailableError
 from pipelines.store.codec import COMPUTED_AT_OFFSET
+from pipelines.store.uri import FLAG, duration
 
 if TYPE_CHECKING:
     import redis
@@ -75,6 +78,19 @@ class RedisConfig:
 
 class RedisStore(OnlineStore):
     """Representations in a Redis database, under one key namespace."""
+
+    uri_options: ClassVar[tuple[str, ...]] = ("namespace", "timeout")
+    #: How to start the project's server, in messages about an unreachable one.
+    START_HINT: ClassVar[str] = "`make redis-up` or point --store / GEM_REDIS_URL at a running one"
+
+    @classmethod
+    def config_from_uri(cls, uri: str, location: str, options: dict[str, str]) -> RedisConfig:
+        """``redis://[[user]:password@]host:port/db`` (``rediss://``: TLS); options ``namespace``, ``timeout``."""
+        parts, kwargs = redis_uri_parts(uri, options, "redis://host:port/db", "redis://127.0.0.1:16379/0")
+        db = parts.path.lstrip("/")
+        if db and not db.isdigit():
+            raise ConfigError(FLAG, f"{uri!r} is not redis://host:port/db", "e.g. redis://127.0.0.1:16379/0")
+        return RedisConfig(urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")), **kwargs)
 
     def __init__(self, config: RedisConfig, options: StoreOptions | None = None, clock: Clock | None = None):
         super().__init__(options, clock)
@@ -157,46 +173,59 @@ class RedisStore(OnlineStore):
     def check(self) -> dict[str, object]:
         """PING (reach and AUTH), the server version (>= 4.0: UNLINK, MEMORY USAGE, PXAT needs 6.2 with
         expire_after) and, with a ``maxmemory`` and no eviction, that memory is not already full."""
-        with self._errors():
-            try:
-                self._client.ping()
-                info = self._client.info()
-            except redis.AuthenticationError as exc:
-                raise StoreUnavailableError(
-                    f"Redis at {redact(self.config.url)} refused the credentials ({redact(str(exc))}); "
-                    "fix the user:password in --store"
-                ) from exc
-            except redis.ResponseError as exc:  # NOAUTH, WRONGPASS, AUTH without a configured password
-                raise StoreUnavailableError(
-                    f"Redis at {redact(self.config.url)} refused the connection ({redact(str(exc))}); "
-                    "fix the user:password in --store"
-                ) from exc
+        with self._errors(), self._auth_errors():
+            self._client.ping()
+            info = self._client.info()
+        return self._check_server(info, self.config.url)
+
+    def _check_server(self, info: Mapping[str, Any], where: str) -> dict[str, object]:
+        """The version and memory checks of :meth:`check` on one server's INFO."""
         version = str(info.get("redis_version", "0"))
         need = (6, 2) if self.options.expire_after_s else (4, 0)
         if tuple(int(p) for p in version.split(".")[:2] if p.isdigit()) < need:
             raise StoreUnavailableError(
-                f"Redis at {redact(self.config.url)} is version {version}; this store needs "
-                f"{'.'.join(map(str, need))} or newer. Fix: upgrade the server or use `make redis-up`"
+                f"Redis at {redact(where)} is version {version}; this store needs "
+                f"{'.'.join(map(str, need))} or newer. Fix: upgrade the server or use {self.START_HINT}"
             )
         used, most = int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
         if most and used >= most and info.get("maxmemory_policy") == "noeviction":
             raise StoreFullError(
-                f"Redis at {redact(self.config.url)} is full ({used:,} of maxmemory {most:,} bytes); raise its "
+                f"Redis at {redact(where)} is full ({used:,} of maxmemory {most:,} bytes); raise its "
                 "maxmemory (GEM_REDIS_MAXMEMORY for make redis-up) or set expire_after"
             )
         return {"redis_version": version, "used_memory": used, "maxmemory": most}
+
+    @contextmanager
+    def _auth_errors(self) -> Iterator[None]:
+        """A refused AUTH (a wrong, missing or unexpected password) as :class:`StoreUnavailableError`."""
+        try:
+            yield
+        except redis.AuthenticationError as exc:
+            raise StoreUnavailableError(
+                f"Redis at {redact(self.config.url)} refused the credentials ({redact(str(exc))}); "
+                "fix the user:password in --store"
+            ) from exc
+        except redis.ResponseError as exc:  # NOAUTH, WRONGPASS, AUTH without a configured password
+            raise StoreUnavailableError(
+                f"Redis at {redact(self.config.url)} refused the connection ({redact(str(exc))}); "
+                "fix the user:password in --store"
+            ) from exc
 
     def __repr__(self) -> str:
         return f"RedisStore({redact(self.config.url)!r}, namespace={self.config.namespace!r})"
 
     @contextmanager
-    def _errors(self) -> Iterator[None]:
+    def _errors(self, *, retry: bool = True) -> Iterator[None]:
+        """Redis's errors as the store's: unreachable (unless ``retry``: left to a caller that retries
+        them), out of memory."""
         try:
             yield
         except (redis.ConnectionError, redis.TimeoutError) as exc:
+            if not retry:
+                raise
             raise StoreUnavailableError(
                 f"cannot reach Redis at {redact(self.config.url)} ({redact(str(exc))}); start the project's "
-                f"server with `make redis-up` or point --store / GEM_REDIS_URL at a running one"
+                f"server with {self.START_HINT}"
             ) from exc
         except redis.ResponseError as exc:
             if str(exc).startswith("OOM"):
@@ -205,3 +234,19 @@ class RedisStore(OnlineStore):
                     "(GEM_REDIS_MAXMEMORY for make redis-up) or set expire_after"
                 ) from exc
             raise
+
+
+def redis_uri_parts(uri: str, options: dict[str, str], form: str, example: str) -> tuple[Any, dict[str, Any]]:
+    """``uri`` split (``urlsplit``), checked to name a host and a valid port, and the ``namespace`` and
+    ``timeout`` options as :class:`RedisConfig` keyword arguments; :class:`ConfigError` otherwise."""
+    parts = urlsplit(uri)
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(FLAG, f"{uri!r} has a bad port", f"use {form}") from exc
+    if not parts.hostname or (port is not None and port < 1):
+        raise ConfigError(FLAG, f"{uri!r} is not {form}", f"e.g. {example}")
+    namespace = options.get("namespace", RedisConfig.namespace)
+    if not namespace:
+        raise ConfigError(FLAG, f"{uri!r} has an empty namespace", "drop namespace= or give a prefix")
+    return parts, {"namespace": namespace, "timeout_s": duration(options.get("timeout", "5s"), "timeout", uri)}

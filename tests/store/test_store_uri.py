@@ -72,6 +72,17 @@ def test_durations(text: str, seconds: float) -> None:
         ("lmdb:///r?encoding=bf16", "encoding='bf16'"),
         ("lmdb:///r?map_size_gb=-1", "map_size_gb"),
         ("lmdb:///r?max_age=2h&expire_after=1h", "below max_age"),
+        ("redis-cluster://127.0.0.1:17000/3", "only db 0"),
+        ("redis-cluster://127.0.0.1:17000?layout=slot", "layout='slot'"),
+        ("redis-cluster://127.0.0.1:17000?namespace=a{b}:", "brace"),
+        ("redis-cluster://127.0.0.1:17000?failover_timeout=never", "failover_timeout='never'"),
+        ("redis-cluster:///", "not redis-cluster://host:port"),
+        ("redis-cluster://127.0.0.1:17000?map_size_gb=1", "unknown option"),
+        ("no_such_pkg.mod:Store://x", "cannot import the store backend"),
+        ("pipelines.store.codec:Nope://x", "cannot import the store backend"),
+        ("builtins.dict://x", "not an OnlineStore subclass"),
+        ("tests.store.test_store_registry:ShelfStore://", "names no shelf"),
+        ("tests.store.test_store_registry:ShelfStore://x?map_size_gb=1", "unknown option"),
     ],
 )
 def test_bad_uris_name_the_flag(uri: str, problem: str) -> None:
