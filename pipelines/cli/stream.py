@@ -10,6 +10,11 @@ nothing and, deduplicating by event_id, counts nothing twice. Malformed messages
 go to OUTPUT/dead_letters/ (and --dead-letter-topic). --idle-exit makes the job
 finish once no message came for that long (tests, backfills).
 
+One --output belongs to one --group and --topic: the first start records them (and the
+topic's partition count) in OUTPUT/_stream.json, and every commit names the output. A
+start that would resume an output from another output's commits, or with another group,
+topic or partition count, is refused with the fix: a new output takes a new group.
+
 With --model and --store, every flush also refreshes its users' representations in
 the online store (user-level rows, and pair rows for users whose latest candidate
 set in --candidates is recent) before their offsets are committed.
@@ -40,6 +45,8 @@ from pipelines.errors import ConfigError
 
 if TYPE_CHECKING:
     from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipelines.streaming.config import StreamConfig
 
 ACCEPTS_BEAM_ARGS = True
 
@@ -163,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
 
         load_recent_candidates(config.candidates, config.candidate_ttl_s)  # so do missing or foreign files
     connection = connection_from_args(args)
-    starts = start_offsets(connection, args.topic, args.group, Position.parse(args.start, "--from"))
+    starts, commits = start_offsets(connection, args.topic, args.group, Position.parse(args.start, "--from"))
     logging.getLogger(__name__).info(
         "stream: %s from %s", args.topic, ", ".join(f"{s.partition}@{s.start}" for s in starts)
     )
@@ -172,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
     stop_watching = watch_stream(connection, args.topic, args.group, args.metrics_port)
     try:
         with writer_lock(args.output):  # one job per --output; a dead one frees it
+            config = _claim(config, len(starts), commits)
             p = beam.Pipeline(options=options)
             build_stream(p, connection, config, starts)
             if on_flink:
@@ -182,6 +190,25 @@ def run(args: argparse.Namespace) -> int:
         stop_watching()
     print(f"stream: {args.topic} finished (idle for {args.idle_exit} s); histories in {args.output}/histories")
     return 0
+
+
+def _claim(config: StreamConfig, partitions: int, commits: Any) -> StreamConfig:
+    """The output, the group and the topic belong together (:mod:`pipelines.streaming.ownership`);
+    the commits then name the output."""
+    import dataclasses
+
+    from pipelines.streaming.ownership import claim_output, commit_metadata
+    from pipelines.streaming.state import has_flush_files
+
+    owner = claim_output(
+        config.output,
+        config.topic,
+        config.group,
+        partitions,
+        commits,
+        holds_state=has_flush_files(config.output),
+    )
+    return dataclasses.replace(config, commit_metadata=commit_metadata(owner, config.output))
 
 
 def _runner(beam_args: list[str]) -> str:

@@ -169,7 +169,7 @@ class CommitOffsetsFn(beam.DoFn):
 
         tp = TopicPartition(self._config.topic, partition)
         try:
-            self._consumer.commit({tp: OffsetAndMetadata(offset, "", -1)})
+            self._consumer.commit({tp: OffsetAndMetadata(offset, self._config.commit_metadata, -1)})
         except KafkaError as exc:  # broker away
             log.warning("%s/%s: commit of %d failed (%r); retrying later", tp.topic, partition, offset, exc)
             return False

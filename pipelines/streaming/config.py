@@ -37,6 +37,9 @@ class StreamConfig:
     #: or ``keyed`` (Beam keyed state checkpointed by the runner, offsets committed when a checkpoint
     #: completes: Flink).
     state: str = "worker"
+    #: Metadata of every offset commit: which output the commits belong to
+    #: (:func:`pipelines.streaming.ownership.commit_metadata`).
+    commit_metadata: str = ""
     #: The job's clock (seconds since the epoch), read once per decoded batch; injectable for tests.
     clock: Callable[[], float] = time.time
 

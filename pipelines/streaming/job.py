@@ -353,8 +353,15 @@ def build_stream(
     )
 
 
-def start_offsets(connection: KafkaConnection, topic: str, group: str, fallback: Any) -> list[PartitionStart]:
-    """Per partition: the group's committed offset, else ``fallback`` (a :class:`Position`) resolved."""
+#: partition -> (committed offset, commit metadata), None where the group has committed nothing.
+Commits = dict[int, tuple[int, str] | None]
+
+
+def start_offsets(
+    connection: KafkaConnection, topic: str, group: str, fallback: Any
+) -> tuple[list[PartitionStart], Commits]:
+    """Per partition: the group's committed offset, else ``fallback`` (a :class:`Position`) resolved;
+    and the group's commits as they are (see :mod:`pipelines.streaming.ownership`)."""
     from kafka import KafkaConsumer, TopicPartition
 
     from pipelines.io.kafka.consume import open_lookup
@@ -367,10 +374,11 @@ def start_offsets(connection: KafkaConnection, topic: str, group: str, fallback:
         lookup.close()
     consumer = KafkaConsumer(**connection.kafka_python(), group_id=group, enable_auto_commit=False)
     try:
-        starts = []
+        starts, commits = [], {}
         for r in ranges:
-            committed = consumer.committed(TopicPartition(topic, r.partition))
-            starts.append(PartitionStart(topic, r.partition, r.start if committed is None else int(committed)))
-        return starts
+            found = consumer.committed(TopicPartition(topic, r.partition), metadata=True)
+            commits[r.partition] = None if found is None else (int(found.offset), str(found.metadata or ""))
+            starts.append(PartitionStart(topic, r.partition, r.start if found is None else int(found.offset)))
+        return starts, commits
     finally:
         consumer.close()

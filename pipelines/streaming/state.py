@@ -45,6 +45,7 @@ __all__ = [
     "ShardMerge",
     "ShardStates",
     "flush_path",
+    "has_flush_files",
     "latest_histories",
     "merge_shard",
     "newest_rows",
@@ -139,6 +140,11 @@ def _shard_files(output: str, shard: int | None) -> list[Path]:
         fulls = [i for i, f in enumerate(group) if f.name.startswith("full-")]
         chosen += group[fulls[-1] :] if fulls else group
     return sorted(chosen, key=_stamp)
+
+
+def has_flush_files(output: str) -> bool:
+    """Whether ``output`` holds any shard's flush (or full) file: a stream wrote state there."""
+    return bool(_shard_files(output, None))
 
 
 _LOCKS: dict[str, threading.Lock] = {}
