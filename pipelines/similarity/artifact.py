@@ -6,6 +6,8 @@
     INDEX_DIR/ids.parquet       position -> user_id (ID_MAP layout; positions are sorted by user_id)
     INDEX_DIR/vectors.npy       (count, dim) float16: each position's vector (the resolver's queries)
     INDEX_DIR/index.faiss       one index ("merged"), or
+    INDEX_DIR/index.faiss       the quantizer and list offsets, and
+    INDEX_DIR/lists.ivfdata     the inverted lists, memory-mapped ("ondisk": IVF shards merged on disk), or
     INDEX_DIR/shard-NNNNN.faiss one per shard ("sharded", e.g. HNSW), searched as one IndexShards
 
 The id map layout belongs to this stage (like the generator's ground truth), not to
@@ -28,13 +30,14 @@ from pipelines.io.parquet import read_table, write_table
 from pipelines.schemas.layouts import ID_MAP
 from pipelines.similarity.faiss_ops import Metric
 
-__all__ = ["ID_MAP", "IndexManifest", "read_manifest", "write_id_map", "write_manifest"]
+__all__ = ["ID_MAP", "IndexManifest", "Layout", "read_manifest", "write_id_map", "write_manifest"]
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 IDS_NAME = "ids.parquet"
 VECTORS_NAME = "vectors.npy"
 INDEX_NAME = "index.faiss"
+Layout = Literal["merged", "ondisk", "sharded"]
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,7 @@ class IndexManifest:
     factory: str
     count: int
     built_at: str
-    layout: Literal["merged", "sharded"] = "merged"
+    layout: Layout = "merged"
     files: list[str] = field(default_factory=lambda: [INDEX_NAME])
     shards: int = 1
     search_params: str = ""

@@ -8,14 +8,19 @@
    (HNSW), tunes the search parameter on sample queries against exact search, and
    :func:`write_built` writes the folder described in :mod:`pipelines.similarity.artifact`.
 
-:func:`build_index` does all of it in one process.
+:func:`build_index` does all of it in one process. The index pipeline instead writes each
+shard to files (:func:`pipelines.similarity.ondisk.write_part`) and :func:`finish_parts`
+merges IVF shards' inverted lists on disk and streams the vectors, so the finishing process
+holds one inverted list and the trained quantizer, never every vector or code.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -27,17 +32,37 @@ from pipelines.io.commit import COMMITTED, commit_folder
 from pipelines.similarity import faiss_ops as ops
 from pipelines.similarity.artifact import (
     INDEX_NAME,
+    VECTORS_NAME,
     IndexManifest,
+    Layout,
     write_id_map,
     write_manifest,
     write_vectors,
 )
 from pipelines.similarity.faiss_ops import faiss
+from pipelines.similarity.ondisk import (
+    IVFDATA_NAME,
+    Part,
+    concat_vectors,
+    exact_search_files,
+    merge_lists,
+    read_rows,
+    remove_part,
+)
 from pipelines.similarity.vectors import UserVectors, as_vectors
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BuildPlan", "BuildSpec", "BuiltIndex", "build_index", "plan", "shard_bounds", "write_built"]
+__all__ = [
+    "BuildPlan",
+    "BuildSpec",
+    "BuiltIndex",
+    "build_index",
+    "finish_parts",
+    "plan",
+    "shard_bounds",
+    "write_built",
+]
 
 TUNE_K = 10
 
@@ -106,7 +131,7 @@ def shard_bounds(n: int, shards: int) -> list[tuple[int, int]]:
 
 def plan(spec: BuildSpec, count: int, dim: int) -> BuildPlan:
     """Resolve the factory, check it can be trained on ``count`` vectors, draw the training sample."""
-    factory = ops.resolve_factory(spec.factory, count)
+    factory = ops.resolve_factory(spec.factory, count, dim)
     empty = ops.new_index(factory, dim, spec.metric)
     n_train = ops.train_size(empty, count, spec.train_size)
     ops.check_trainable(empty, factory, n_train if not empty.is_trained else count)
@@ -146,7 +171,23 @@ def _combine(parts: list[Any]) -> tuple[Any, Literal["merged", "sharded"]]:
 
 def _tune(index: Any, vectors: np.ndarray, spec: BuildSpec) -> tuple[str, float | None]:
     """Tune (or just measure) recall@10 on sample users as queries, each user's own vector left out."""
-    n = len(vectors)
+    return _tune_with(
+        index,
+        spec,
+        len(vectors),
+        lambda own: vectors[own],
+        lambda queries, k: ops.exact_search(vectors, queries, k, spec.metric)[1],
+    )
+
+
+def _tune_with(
+    index: Any,
+    spec: BuildSpec,
+    n: int,
+    rows: Callable[[np.ndarray], np.ndarray],
+    exact: Callable[[np.ndarray, int], np.ndarray],
+) -> tuple[str, float | None]:
+    """:func:`_tune` over ``n`` vectors reached through ``rows(positions)`` and ``exact(queries, k)``."""
     if n < 2 or spec.tune_queries == 0:
         if spec.search_params:
             ops.set_search_params(index, spec.search_params)
@@ -154,12 +195,45 @@ def _tune(index: Any, vectors: np.ndarray, spec: BuildSpec) -> tuple[str, float 
     rng = np.random.default_rng(spec.seed + 1)
     own = np.sort(rng.choice(n, size=min(n, spec.tune_queries), replace=False))
     k = min(TUNE_K, n - 1)
-    truth = ops.without_self(ops.exact_search(vectors, vectors[own], k + 1, spec.metric)[1], own, k)
+    queries = np.ascontiguousarray(rows(own), dtype=np.float32)
+    truth = ops.without_self(exact(queries, k + 1), own, k)
     if spec.search_params is None:
-        return ops.tune_search(index, vectors[own], truth, spec.recall_target, own)
+        return ops.tune_search(index, queries, truth, spec.recall_target, own)
     ops.set_search_params(index, spec.search_params)
-    found = ops.without_self(index.search(vectors[own], k + 1)[1], own, k)
+    found = ops.without_self(index.search(queries, k + 1)[1], own, k)
     return spec.search_params, ops.recall_at_k(found, truth)
+
+
+def _manifest(
+    build: BuildPlan,
+    spec: BuildSpec,
+    count: int,
+    layout: Layout,
+    files: list[str],
+    shards: int,
+    tuned: tuple[str, float | None],
+    model_version: str,
+    source: str,
+    started: float,
+) -> IndexManifest:
+    return IndexManifest(
+        model_version=model_version,
+        dim=build.dim,
+        metric=spec.metric,
+        factory=build.factory,
+        count=count,
+        built_at=IndexManifest.now(),
+        layout=layout,
+        files=files,
+        shards=shards,
+        search_params=tuned[0],
+        tuned_recall_at_10=tuned[1],
+        train_size=len(build.sample_positions),
+        seed=spec.seed,
+        gpu_used=ops.gpu_count(spec.gpu) > 0,
+        build_seconds=round(time.perf_counter() - started, 3),
+        source=source,
+    )
 
 
 def finish(
@@ -176,37 +250,89 @@ def finish(
     index, layout = _combine(parts)
     if index.ntotal != len(users):
         raise RuntimeError(f"index holds {index.ntotal} vectors, the id map {len(users)}")
-    params, recall = _tune(index, users.vectors, spec)
-    files = [INDEX_NAME] if layout == "merged" else [f"shard-{i:05d}.faiss" for i in range(len(parts))]
-    manifest = IndexManifest(
-        model_version=model_version,
-        dim=build.dim,
-        metric=spec.metric,
-        factory=build.factory,
-        count=len(users),
-        built_at=IndexManifest.now(),
-        layout=layout,
-        files=files,
-        shards=len(parts),
-        search_params=params,
-        tuned_recall_at_10=recall,
-        train_size=len(build.sample_positions),
-        seed=spec.seed,
-        gpu_used=ops.gpu_count(spec.gpu) > 0,
-        build_seconds=round(time.perf_counter() - started, 3),
-        source=source,
-    )
+    tuned = _tune(ops.searchable(index, build.factory, users.vectors, spec.metric), users.vectors, spec)
+    files = [INDEX_NAME] if layout == "merged" else _shard_files(len(parts))
+    manifest = _manifest(build, spec, len(users), layout, files, len(parts), tuned, model_version, source, started)
+    _log_built(manifest, log_level)
+    return BuiltIndex(index, parts if layout == "sharded" else [index], users.user_id, users.vectors, manifest)
+
+
+def _shard_files(n: int) -> list[str]:
+    return [f"shard-{i:05d}.faiss" for i in range(n)]
+
+
+def _log_built(m: IndexManifest, log_level: int = logging.INFO) -> None:
     log.log(
         log_level,
         "index %s: %d vectors x %d, %s, %s recall@10 %s",
-        build.factory,
-        len(users),
-        build.dim,
-        layout,
-        params or "exact",
-        recall,
+        m.factory,
+        m.count,
+        m.dim,
+        m.layout,
+        m.search_params or "exact",
+        m.tuned_recall_at_10,
     )
-    return BuiltIndex(index, parts if layout == "sharded" else [index], users.user_id, users.vectors, manifest)
+
+
+def finish_parts(
+    build: BuildPlan,
+    spec: BuildSpec,
+    trained: bytes,
+    parts: list[Part],
+    user_ids: np.ndarray,
+    model_version: str,
+    source: str,
+    started: float,
+    output: str | Path,
+    *,
+    remove_parts: bool = False,
+) -> IndexManifest:
+    """Finish from shard files (``parts``, in position order) into the folder ``output``, committed.
+
+    IVF shards: their inverted lists merged on disk (``layout="ondisk"``); other types (small
+    inputs: Flat, HNSW) are read and merged or kept as shards as :func:`finish` does. The vectors
+    are streamed into ``vectors.npy`` and tuning reads them in chunks, so this process holds one
+    inverted list, one chunk of vectors, the trained quantizer and the id map. With
+    ``remove_parts`` the parts' files are deleted once merged (before the commit).
+    """
+    folder = Path(output)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / COMMITTED).unlink(missing_ok=True)
+    vectors = concat_vectors(parts, folder / VECTORS_NAME, build.dim)
+    base = ops.deserialize(trained)
+    layout: Layout
+    if ops.nlist_of(base) is not None:
+        index, layout, files = merge_lists(base, parts, folder), "ondisk", [INDEX_NAME, IVFDATA_NAME]
+        faiss.write_index(index, str(folder / INDEX_NAME))
+        held = [index]
+    else:
+        held = [faiss.read_index(str(p.index)) for p in parts] or [base]
+        index, layout = _combine(held)
+        files = [INDEX_NAME] if layout == "merged" else _shard_files(len(held))
+        for part, name in zip([index] if layout == "merged" else held, files, strict=True):
+            faiss.write_index(part, str(folder / name))
+    if index.ntotal != len(user_ids):
+        raise RuntimeError(f"index holds {index.ntotal} vectors, the id map {len(user_ids)}")
+    tuned = _tune_with(
+        ops.searchable(index, build.factory, np.load(vectors, mmap_mode="r"), spec.metric),
+        spec,
+        len(user_ids),
+        lambda own: read_rows(vectors, own),
+        lambda queries, k: exact_search_files(vectors, queries, k, spec.metric)[1],
+    )
+    shards = max(len(parts), 1)
+    manifest = _manifest(build, spec, len(user_ids), layout, files, shards, tuned, model_version, source, started)
+    if remove_parts:
+        for part in parts:
+            remove_part(part)
+        with contextlib.suppress(OSError):
+            if parts:
+                parts[0].folder.rmdir()
+    write_id_map(folder, user_ids)
+    write_manifest(folder, manifest)
+    commit_folder(str(folder), holds="an index")
+    _log_built(manifest)
+    return manifest
 
 
 def model_version_of(users: UserVectors, flag: str = "--representations") -> str:

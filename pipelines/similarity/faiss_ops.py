@@ -1,7 +1,12 @@
 """FAISS building blocks (pure functions over numpy arrays and faiss indexes, no Beam).
 
 Index types come as factory strings (``"Flat"``, ``"HNSW32"``, ``"IVF4096,Flat"``,
-``"IVF1024,PQ16"``; ``"auto"`` picks Flat for small inputs and IVF otherwise).
+``"IVF1024,PQ16"``; ``"auto"`` picks Flat for small inputs, IVF,Flat for medium ones and the
+compressed ``IVF,PQ,RFlat`` from :data:`AUTO_COMPRESSED_FROM` users). A trailing ``,RFlat``
+is a refine step, as in faiss's ``IndexRefineFlat``: the compressed index proposes
+``REFINE_K_FACTOR`` x k candidates and they are re-ranked exactly on the stored vectors
+(the index folder's float16 ``vectors.npy``, which the resolver keeps anyway), so the
+refine costs no second copy of the vectors (:class:`RefinedIndex`).
 IVF and flat-code indexes (Flat, PQ, SQ) built on disjoint shards from one trained
 index can be merged into one; graph indexes (HNSW) cannot and are served as an
 ``IndexShards``. GPU: with ``gpu="auto"`` a faiss build with GPU support and a
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from typing import Any, Literal
 
 import numpy as np
@@ -20,6 +26,10 @@ import numpy as np
 from pipelines.errors import ConfigError
 from pipelines.optional import require
 
+# faiss runs many short OpenMP regions (k-means per PQ sub-quantizer, per iteration); with the
+# default active wait, idle threads spin between them and, on cores shared with other processes,
+# training slows many times over. Read once, when faiss's OpenMP runtime loads: set it before.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # which SIMD build loaded: noise per process
 _faiss = require("faiss", ("cpu", "gpu"), "Similarity indexes (FAISS)")
 
@@ -33,11 +43,17 @@ Metric = Literal["ip", "l2"]
 GpuMode = Literal["auto", "off"]
 METRICS: dict[str, int] = {"ip": faiss.METRIC_INNER_PRODUCT, "l2": faiss.METRIC_L2}
 AUTO_FLAT_BELOW = 20_000
+#: From here ``auto`` compresses: IVF,Flat's float codes pass 1 GiB at 64 dims (4M x 256 bytes).
+AUTO_COMPRESSED_FROM = 4_000_000
+REFINE = ",RFlat"
+REFINE_K_FACTOR = 8
 ADD_BATCH = 65_536
 _TRAIN_POINTS_PER_LIST = 40
 _MIN_TRAIN = 65_536
 
 __all__ = [
+    "RefinedIndex",
+    "base_factory",
     "exact_search",
     "faiss",
     "faiss_gpu_mode",
@@ -47,6 +63,7 @@ __all__ = [
     "new_index",
     "recall_at_k",
     "resolve_factory",
+    "searchable",
     "set_search_params",
     "to_cpu",
     "to_gpu",
@@ -55,26 +72,40 @@ __all__ = [
 ]
 
 
-def resolve_factory(factory: str, n: int) -> str:
-    """``auto`` -> ``Flat`` below 20,000 vectors, else ``IVF<nlist>,Flat`` with nlist ≈ 4·√n (a power of 2)."""
+def resolve_factory(factory: str, n: int, dim: int = 64) -> str:
+    """``auto`` -> ``Flat`` below 20,000 vectors, ``IVF<nlist>,Flat`` with nlist ≈ 4·√n (a power of 2)
+    below :data:`AUTO_COMPRESSED_FROM`, else ``IVF<nlist>,PQ<dim/2>,RFlat`` (2 dims per byte, refined)."""
     if factory != "auto":
         return factory
     if n < AUTO_FLAT_BELOW:
         return "Flat"
-    return f"IVF{2 ** round(math.log2(4 * math.sqrt(n)))},Flat"
+    nlist = 2 ** round(math.log2(4 * math.sqrt(n)))
+    if n < AUTO_COMPRESSED_FROM:
+        return f"IVF{nlist},Flat"
+    return f"IVF{nlist},PQ{dim // 2 if dim % 2 == 0 else dim}{REFINE}"
+
+
+def base_factory(factory: str) -> tuple[str, bool]:
+    """``(the factory faiss builds, whether a refine step re-ranks on the stored vectors)``."""
+    if factory.endswith(REFINE):
+        return factory[: -len(REFINE)], True
+    return factory, False
 
 
 def new_index(factory: str, dim: int, metric: Metric) -> Any:
     """An empty index from a factory string; :class:`ConfigError` naming ``--factory`` when unparsable."""
     if metric not in METRICS:
         raise ConfigError("--metric", f"unknown metric {metric!r}", "pass ip or l2")
+    base, refine = base_factory(factory)
     try:
-        return faiss.index_factory(dim, factory, METRICS[metric])
+        if refine and not base:
+            raise RuntimeError("a refine step needs a base index")
+        return faiss.index_factory(dim, base, METRICS[metric])
     except RuntimeError as exc:
         raise ConfigError(
             "--factory",
             f"faiss cannot build {factory!r} for dim {dim}",
-            "pass a faiss factory string such as Flat, HNSW32, IVF1024,Flat or IVF1024,PQ16",
+            "pass a faiss factory string such as Flat, HNSW32, IVF1024,Flat, IVF1024,PQ16 or IVF1024,PQ32,RFlat",
         ) from exc
 
 
@@ -218,6 +249,9 @@ def set_search_params(index: Any, params: str) -> None:
     """Apply ``"nprobe=8"`` / ``"efSearch=128"`` style parameters (also to each shard of an IndexShards)."""
     if not params:
         return
+    if isinstance(index, RefinedIndex):
+        set_search_params(index.base, params)
+        return
     if isinstance(index, faiss.IndexShards):
         for i in range(index.count()):
             set_search_params(faiss.downcast_index(index.at(i)), params)
@@ -252,6 +286,7 @@ def recall_at_k(found: np.ndarray, truth: np.ndarray) -> float:
 
 
 def _candidates(index: Any) -> tuple[str, list[int]] | None:
+    index = index.base if isinstance(index, RefinedIndex) else index
     first = faiss.downcast_index(index.at(0)) if isinstance(index, faiss.IndexShards) else index
     nlist = nlist_of(first)
     if nlist is not None:
@@ -293,3 +328,49 @@ def tune_search(
         if got >= target:
             break
     return params, got
+
+
+class RefinedIndex:
+    """A compressed ``base`` index whose ``k_factor`` x k candidates are re-ranked exactly on
+    ``vectors (N, D)`` (float16 or float32, memory-mapped is fine: only candidate rows are read).
+    Searches like a faiss index: ``search(queries (Q, D), k) -> (scores, positions) (Q, k)``."""
+
+    def __init__(self, base: Any, vectors: np.ndarray, metric: Metric, k_factor: int = REFINE_K_FACTOR) -> None:
+        self.base, self.vectors, self.metric, self.k_factor = base, vectors, metric, k_factor
+
+    @property
+    def ntotal(self) -> int:
+        return int(self.base.ntotal)
+
+    @property
+    def d(self) -> int:
+        return int(self.base.d)
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        wide = min(max(k, k * self.k_factor), max(self.ntotal, 1))
+        positions = self.base.search(queries, wide)[1]
+        valid = positions >= 0
+        rows = np.asarray(self.vectors[np.where(valid, positions, 0).ravel()], np.float32)
+        rows = rows.reshape(len(queries), wide, -1)
+        if self.metric == "ip":
+            scores = np.einsum("qd,qkd->qk", queries, rows)
+            scores = np.where(valid, scores, -np.inf)
+            order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+        else:
+            scores = ((rows - queries[:, None, :]) ** 2).sum(axis=2)
+            scores = np.where(valid, scores, np.inf)
+            order = np.argsort(scores, axis=1, kind="stable")[:, :k]
+        top = np.take_along_axis(scores, order, axis=1).astype(np.float32)
+        found = np.take_along_axis(positions, order, axis=1)
+        kept = np.isfinite(top)
+        out_scores = np.full((len(queries), k), np.nan, np.float32)
+        out_pos = np.full((len(queries), k), -1, np.int64)
+        out_scores[:, : top.shape[1]] = np.where(kept, top, np.nan)
+        out_pos[:, : found.shape[1]] = np.where(kept, found, -1)
+        return out_scores, out_pos
+
+
+def searchable(index: Any, factory: str, vectors: np.ndarray, metric: Metric) -> Any:
+    """``index`` as it is searched: wrapped in a :class:`RefinedIndex` over ``vectors`` when
+    ``factory`` ends in ``,RFlat``."""
+    return RefinedIndex(index, vectors, metric) if base_factory(factory)[1] else index

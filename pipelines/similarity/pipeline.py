@@ -3,8 +3,12 @@
 ::
 
     files ─ ReadUserVectors ─► (shard, table) ─┬─ TrainingSample ─ Train ───────────► trained index (side input)
-                                               └─ GroupByKey ─ AddShard(trained) ─► (shard, index bytes, vectors)
-                                                                  └─ Collect ─ Finish ─► INDEX_DIR
+                                               └─ GroupByKey ─ AddShard(trained) ─► INDEX_DIR/_parts/NNNNN.* files
+                                                                  └─ (shard, rows) ─ Collect ─ Finish ─► INDEX_DIR
+
+The finishing step merges IVF shards' inverted lists on disk and streams the vectors
+(:mod:`pipelines.similarity.ondisk`): it never holds every vector or code. The shard files
+go under the output's staging folder, so a multi-host runner needs it on a shared filesystem.
 
 Before the pipeline starts, :func:`scan` reads only the ``user_id``/``ad_id``/
 ``model_version`` columns: the sorted user ids fix every user's position (and so its
@@ -18,6 +22,7 @@ import logging
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import apache_beam as beam
@@ -31,17 +36,16 @@ import pipelines.io.arrow_coder  # noqa: F401  (registers the pa.Table coder)
 from pipelines.dataflow_job import is_dry_run, write_dry_run
 from pipelines.errors import ConfigError, LayoutError
 from pipelines.io.commit import staged_output
-from pipelines.similarity import faiss_ops as ops
 from pipelines.similarity.artifact import read_manifest
 from pipelines.similarity.build import (
     BuildPlan,
     BuildSpec,
     build_shard,
-    finish,
+    finish_parts,
     plan,
     train_empty,
-    write_built,
 )
+from pipelines.similarity.ondisk import Part, write_part
 from pipelines.similarity.vectors import (
     UserVectors,
     embedding_dim,
@@ -50,6 +54,8 @@ from pipelines.similarity.vectors import (
 )
 
 log = logging.getLogger(__name__)
+
+PARTS_DIR = "_parts"
 
 __all__ = ["AddShards", "FinishIndex", "IndexConfig", "Scan", "TrainQuantizer", "build_pipeline", "run_index", "scan"]
 
@@ -198,60 +204,67 @@ class TrainQuantizer(beam.PTransform):
 
 
 class AddShards(beam.PTransform):
-    """(shard, table) -> (shard, serialized shard index, (n, D) float16 vectors): one worker per shard,
-    each adding its contiguous position range to a copy of the one trained index."""
+    """(shard, table) -> (shard, rows): one worker per shard adds its contiguous position range to a
+    copy of the one trained index and writes it, with its vectors, into ``parts`` (see
+    :mod:`pipelines.similarity.ondisk`); only the shard number and its row count travel on."""
 
-    def __init__(self, build: BuildPlan, spec: BuildSpec, trained: beam.pvalue.AsSingleton) -> None:
+    def __init__(self, build: BuildPlan, spec: BuildSpec, trained: beam.pvalue.AsSingleton, parts: str) -> None:
         super().__init__()
-        self._build, self._spec, self._trained = build, spec, trained
+        self._build, self._spec, self._trained, self._parts = build, spec, trained, parts
 
     def expand(self, tables: beam.PCollection) -> beam.PCollection:
-        build, spec = self._build, self._spec
+        build, spec, parts = self._build, self._spec, self._parts
 
-        def add(element: tuple[int, Iterable[pa.Table]], trained: bytes) -> tuple[int, bytes, np.ndarray]:
-            shard, parts = element
+        def add(element: tuple[int, Iterable[pa.Table]], trained: bytes) -> tuple[int, int]:
+            shard, tables = element
             lo, hi = build.bounds[shard]
-            users, positions = _newest(parts, build.dim)
+            users, positions = _newest(tables, build.dim)
             if not np.array_equal(positions, np.arange(lo, hi)):
                 raise RuntimeError(f"shard {shard} holds {len(positions)} of positions {lo}..{hi - 1}")
-            index = build_shard(trained, users.vectors, lo, spec)
-            return shard, ops.serialize(index), users.vectors.astype(np.float16)
+            write_part(build_shard(trained, users.vectors, lo, spec), users.vectors, parts, shard)
+            return shard, len(users)
 
         return tables | "ByShard" >> beam.GroupByKey() | "Add" >> beam.Map(add, trained=self._trained)
 
 
 class FinishIndex(beam.PTransform):
-    """All shards -> merged (or sharded) index, tuned, written with id map, vectors and manifest."""
+    """Every shard's (shard, rows) -> one index folder: IVF lists merged on disk, tuned, written with
+    id map, vectors and manifest (:func:`~pipelines.similarity.build.finish_parts`); the shard
+    files are deleted before the commit."""
 
     def __init__(
-        self, build: BuildPlan, found: Scan, config: IndexConfig, trained: beam.pvalue.AsSingleton, started: float
+        self,
+        build: BuildPlan,
+        found: Scan,
+        config: IndexConfig,
+        trained: beam.pvalue.AsSingleton,
+        started: float,
+        parts: str,
     ) -> None:
         super().__init__()
         self._build, self._scan, self._config, self._started = build, found, config, started
-        self._trained = trained
+        self._trained, self._parts = trained, parts
 
     def expand(self, shards: beam.PCollection) -> beam.PCollection:
-        build, found, config, started = self._build, self._scan, self._config, self._started
+        build, found, config, started, parts = self._build, self._scan, self._config, self._started, self._parts
 
-        def write(parts: list[tuple[int, bytes, np.ndarray]], trained: bytes) -> dict[str, Any]:
-            by_shard = {s: (data, vectors) for s, data, vectors in parts}
-            if len(by_shard) != len([b for b in build.bounds if b[1] > b[0]]):
-                raise RuntimeError(f"{len(by_shard)} shards arrived, {len(build.bounds)} planned")
-            indexes, vectors = [], []
-            for shard in range(len(build.bounds)):
-                data, vec = by_shard.get(shard, (trained, np.zeros((0, build.dim), np.float16)))
-                indexes.append(ops.deserialize(data))
-                vectors.append(vec.astype(np.float32))
-            all_vectors = np.concatenate(vectors) if vectors else np.zeros((0, build.dim), np.float32)
-            users = UserVectors(
+        def write(done: list[tuple[int, int]], trained: bytes) -> dict[str, Any]:
+            planned = [s for s, (lo, hi) in enumerate(build.bounds) if hi > lo]
+            if sorted(s for s, _ in done) != planned:
+                raise RuntimeError(f"{len(done)} shards arrived, {len(planned)} planned")
+            manifest = finish_parts(
+                build,
+                config.spec,
+                trained,
+                [Part(Path(parts), s) for s in planned],
                 found.user_ids,
-                all_vectors,
-                np.zeros(len(found.user_ids), np.int64),
-                np.full(len(found.user_ids), found.model_version, dtype=object),
+                found.model_version,
+                config.representations,
+                started,
+                config.output,
+                remove_parts=True,
             )
-            built = finish(build, config.spec, indexes, users, found.model_version, config.representations, started)
-            write_built(built, config.output)
-            return asdict(built.manifest)
+            return asdict(manifest)
 
         return shards | "Collect" >> beam.combiners.ToList() | "Write" >> beam.Map(write, trained=self._trained)
 
@@ -268,8 +281,9 @@ def build_pipeline(
         >> beam.FlatMap(_read_shards, user_ids=user_ids, bounds=build.bounds).with_output_types(tuple[int, pa.Table])
     )
     trained = beam.pvalue.AsSingleton(tables | "TrainQuantizer" >> TrainQuantizer(build, config.spec))
-    shards = tables | "AddShards" >> AddShards(build, config.spec, trained)
-    return shards | "FinishIndex" >> FinishIndex(build, found, config, trained, started)
+    parts = str(Path(config.output).resolve() / PARTS_DIR)
+    shards = tables | "AddShards" >> AddShards(build, config.spec, trained, parts)
+    return shards | "FinishIndex" >> FinishIndex(build, found, config, trained, started, parts)
 
 
 def run_index(

@@ -23,6 +23,7 @@ from pipelines.similarity import faiss_ops as ops
 from pipelines.similarity.artifact import IndexManifest, read_id_map, read_manifest, read_vectors
 from pipelines.similarity.build import BuiltIndex
 from pipelines.similarity.faiss_ops import faiss
+from pipelines.similarity.ondisk import read_index_file
 from pipelines.similarity.vectors import as_vectors
 
 __all__ = ["Neighbors", "UserIndex"]
@@ -55,7 +56,7 @@ class UserIndex:
                 f"manifest says {manifest.count} vectors, the id map has {len(user_ids)} and the index {index.ntotal}",
                 "rebuild the index folder",
             )
-        self.index = index
+        self.index = ops.searchable(index, manifest.factory, vectors, manifest.metric)
         self.manifest = manifest
         self.user_ids = np.asarray(user_ids, dtype=np.int64)
         self.vectors = vectors
@@ -66,10 +67,12 @@ class UserIndex:
     def load(cls, folder: str | Path, *, gpu: ops.GpuMode = "auto") -> UserIndex:
         """Load a committed index folder (refused when uncommitted or its files differ from the commit:
         sizes are checked, not checksums, so a lookup stays fast); on a GPU when ``gpu="auto"`` finds
-        one and the index type supports it."""
+        one and the index type supports it. An ``ondisk`` index maps its inverted lists read-only
+        (``lists.ivfdata``): the operating system pages in the lists that searches touch."""
         open_snapshot(str(folder), flag="--index", writer="python -m pipelines index", deep=False)
         manifest = read_manifest(folder)
-        parts = [faiss.read_index(str(Path(folder) / name)) for name in manifest.files]
+        names = manifest.files[:1] if manifest.layout == "ondisk" else manifest.files
+        parts = [read_index_file(Path(folder) / name) for name in names]
         if manifest.layout == "sharded":
             index = faiss.IndexShards(manifest.dim, True, True)
             for part in parts:
@@ -77,7 +80,7 @@ class UserIndex:
             index.metric_type = parts[0].metric_type
         else:
             index = parts[0]
-        index, on_gpu = ops.to_gpu(index, gpu) if manifest.layout == "merged" else (index, False)
+        index, on_gpu = ops.to_gpu(index, gpu) if manifest.layout != "sharded" else (index, False)
         ops.set_search_params(index, manifest.search_params)
         return cls(index, manifest, read_id_map(folder), read_vectors(folder), parts, on_gpu)
 

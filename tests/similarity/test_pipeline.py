@@ -55,8 +55,16 @@ def test_multi_shard_run_equals_single_shard(tmp_path: Path, reps: tuple[Path, n
         VERSION,
         "ip",
         3,
-        "merged",
+        "ondisk",
     )
+    assert sorted(p.name for p in three.iterdir()) == [
+        "_COMMITTED",
+        "ids.parquet",
+        "index.faiss",
+        "lists.ivfdata",
+        "manifest.json",
+        "vectors.npy",
+    ]  # the shard files are gone
     np.testing.assert_array_equal(read_id_map(three), np.arange(USERS))
     np.testing.assert_array_equal(read_vectors(three), vectors.astype(np.float16))  # newest rows won
     queries = clustered(50, DIM, seed=4)[:50]
