@@ -1,7 +1,8 @@
 """The precompute pipeline: candidates + histories → RunInference(GEM) → representations.
 
 Outputs ``OUTPUT/representations/shard=NNNNN/part-00000.parquet`` (REPRESENTATION
-layout), ``OUTPUT/dead_letters/part-00000.parquet``, ``OUTPUT/summary.json``, and
+layout), with ``rep_history`` the historical representations of each user's newest events
+(``OUTPUT/rep_history/``, REP_HISTORY layout), ``OUTPUT/dead_letters/part-00000.parquet``, ``OUTPUT/summary.json``, and
 the same representations in the online store when ``store`` is given. Counters
 prove pairs in = pairs out + pairs in dead letters.
 """
@@ -26,6 +27,7 @@ from pipelines.io.summary import Balance
 from pipelines.io.transforms import WriteDeadLetters, WriteSummary
 from pipelines.model.gem import GemModel
 from pipelines.precompute.handler import Batching, GemModelHandler
+from pipelines.precompute.rep_history import WriteRepHistory
 from pipelines.precompute.transforms import (
     AdCatalog,
     PrepareRequests,
@@ -53,6 +55,7 @@ class PrecomputeConfig:
     store: str | None = None
     all_users: bool = False
     contexts: bool = False
+    rep_history: int = 0  # historical representations of each user's newest N events (0: none)
     device: str = "auto"
     batching: Batching = "tokens"
     token_budget: int = 32_768
@@ -64,6 +67,8 @@ class PrecomputeConfig:
             raise ConfigError("--token-budget", f"got {self.token_budget}", "pass a positive number of tokens")
         if self.batch_size < 1:
             raise ConfigError("--batch-size", f"got {self.batch_size}", "pass a positive number of requests")
+        if self.rep_history < 0:
+            raise ConfigError("--rep-history", f"got {self.rep_history}", "pass 0 (none) or a number of events")
         if self.contexts and not self.store:
             raise ConfigError("--contexts", "context records live only in the online store", "pass --store too")
         if self.device not in ("auto", "cpu", "cuda"):
@@ -162,6 +167,15 @@ def build_precompute(
     dead = (read[DEAD], failed) | "AllDead" >> beam.Flatten()
     _ = dead | "WriteDeadLetters" >> WriteDeadLetters(root)
     failed_counts = failed | "FailedCounts" >> beam.Map(lambda t: {"inference_failures": t.num_rows})
+    counts = [read[COUNTS], written, failed_counts]
+    if config.rep_history:
+        counts.append(
+            p
+            | "RepHistory"
+            >> WriteRepHistory(
+                resolved.history_files, config.model, length=config.rep_history, root=root, device=config.device
+            )
+        )
     extra = {
         "features": config.features,
         "candidates": list(config.candidates),
@@ -170,14 +184,11 @@ def build_precompute(
         "store": redact(config.store) if config.store else None,
         "all_users": config.all_users,
         "contexts": config.contexts,
+        "rep_history": config.rep_history,
         "batching": config.batching,
         "token_budget": config.token_budget,
     }
-    _ = (
-        (read[COUNTS], written, failed_counts)
-        | "AllCounts" >> beam.Flatten()
-        | "WriteSummary" >> WriteSummary(root, extra)
-    )
+    _ = tuple(counts) | "AllCounts" >> beam.Flatten() | "WriteSummary" >> WriteSummary(root, extra)
 
 
 def run_precompute(

@@ -39,11 +39,11 @@ import pyarrow.parquet as pq
 from pipelines.model.checkpoint import load_model
 from pipelines.model.gem import GemModel
 from pipelines.model.inputs import HistoryIndex
+from pipelines.model.reps import PairQueries, PairReps, click_logits, pair_reps, user_ad_scores, user_reps_at
 from pipelines.model.train.data import load_features, split_by_time
 from pipelines.similarity import faiss_ops as ops
 from pipelines.similarity.build import BuildSpec, build_index, write_built
 from pipelines.similarity.metrics import cosine_rows, gain_table, same_segment_share
-from pipelines.similarity.model_reps import PairQueries, PairReps, click_logits, pair_reps, user_ad_scores, user_reps_at
 from pipelines.similarity.policy import FALLBACKS, PATHS, FallbackPath, ResolverConfig
 from pipelines.similarity.replay import replay_requests
 from pipelines.similarity.resolver import Resolver

@@ -19,13 +19,12 @@ from pipelines.durations import DAY_MS, HOUR_MS, format_duration
 from pipelines.model.checkpoint import load_model
 from pipelines.model.gem import GemModel
 from pipelines.model.inputs import HistoryIndex
+from pipelines.model.rep_history import compute_rep_history, events_needed, rep_history_table, rep_sequences
 from pipelines.model.train.data import load_features
 from pipelines.model.train.loop import predict
-from pipelines.schemas.layouts import REP_HISTORY
 from pipelines.similarity.policy import FallbackPath, ResolverConfig
 from pipelines.transfer.compress import fit_codec
 from pipelines.transfer.data import Splits, VerticalSpec, prepare_splits
-from pipelines.transfer.rep_history import compute_rep_history, events_needed, rep_history_table, rep_sequences
 from pipelines.transfer.report import build_report, json_safe, plot_report
 from pipelines.transfer.snapshots import AsOfSetting, RepFeatures, settings_asof
 from pipelines.transfer.variants import MAIN, SPLITS, VariantPlan, run_variants
@@ -123,7 +122,7 @@ def historical_sequences(
     needed = np.unique(np.concatenate([events_needed(index, r, e, length) for r, e in cut.values()]))
     history = compute_rep_history(model, index, needed)
     table = rep_history_table(history, index)
-    pq.write_table(table.cast(REP_HISTORY.with_metadata(table.schema)), out / REP_HISTORY_NAME)
+    pq.write_table(table, out / REP_HISTORY_NAME)
     sequences = {s: rep_sequences(history, index, r, e, length, main[s].user) for s, (r, e) in cut.items()}
     held = {s: float(np.mean(np.any(seq != 0, axis=2).sum(1))) for s, seq in sequences.items()}
     codecs = {c: fit_codec(c, main["train"]).bytes_per_vector for c in ("float16", "int8", "pca16")}

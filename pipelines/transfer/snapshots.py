@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from pipelines.model.gem import GemModel
 from pipelines.model.inputs import HistoryIndex
-from pipelines.similarity.model_reps import PairQueries, pair_reps
+from pipelines.model.reps import PairQueries, pair_reps
 from pipelines.similarity.policy import PATHS, FallbackPath, ResolverConfig
 from pipelines.similarity.vectors import UserVectors
 from pipelines.transfer.asof import (

@@ -67,8 +67,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_click_head_split_reproduces_the_model(world: Path) -> None:
     from pipelines.model import HistoryIndex, load_model
+    from pipelines.model.reps import PairQueries, click_logits, pair_reps
     from pipelines.model.train.data import load_features
-    from pipelines.similarity.model_reps import PairQueries, click_logits, pair_reps
 
     model = load_model(world / "model", device="cpu")
     histories, examples = load_features(world / "features")

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from pipelines.model import GemModel, HistoryIndex
+from pipelines.model.rep_history import compute_rep_history, events_needed, rep_history_table, rep_sequences
 from pipelines.schemas.layouts import rep_history_schema
 from pipelines.transfer.data import VerticalSpec, prepare_splits
 from pipelines.transfer.downstream import RankerConfig, fit_ranker, predict_ranker, ranker_inputs
-from pipelines.transfer.rep_history import compute_rep_history, events_needed, rep_history_table, rep_sequences
 from tests.model.factories import tiny_config
 from tests.model.toyworld import ToyWorld, make_world
 
@@ -99,7 +99,8 @@ def test_the_stored_layout_keeps_each_users_events_in_order(world: tuple[pa.Tabl
     rows, ends = _cut(index, examples)
     history = compute_rep_history(model, index, events_needed(index, rows, ends, LENGTH))
     table = rep_history_table(history, index)
-    assert table.schema.equals(rep_history_schema(model.config.representation_dim))
+    assert table.schema.equals(rep_history_schema(model.config.representation_dim), check_metadata=False)
+    assert table.schema.metadata[b"gem.layout"] == b"rep_history"
     assert sum(len(e) for e in table.column("events").to_pylist()) == len(history)
     for events in table.column("events").to_pylist():
         positions = [e["position"] for e in events]

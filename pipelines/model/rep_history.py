@@ -23,10 +23,17 @@ import pyarrow as pa
 
 from pipelines.model.gem import GemModel
 from pipelines.model.inputs import HistoryIndex
-from pipelines.schemas.layouts import rep_history_schema
-from pipelines.similarity.model_reps import PairQueries, pair_reps
+from pipelines.model.reps import PairQueries, pair_reps
+from pipelines.schemas.layouts import REP_HISTORY, rep_history_schema
 
-__all__ = ["RepHistory", "compute_rep_history", "events_needed", "rep_history_table", "rep_sequences"]
+__all__ = [
+    "RepHistory",
+    "compute_rep_history",
+    "events_needed",
+    "latest_events",
+    "rep_history_table",
+    "rep_sequences",
+]
 
 
 @dataclass(frozen=True)
@@ -103,7 +110,8 @@ def rep_sequences(
 
 
 def rep_history_table(history: RepHistory, index: HistoryIndex) -> pa.Table:
-    """The ``REP_HISTORY`` layout: one row per user with representations, events oldest to newest."""
+    """The ``REP_HISTORY`` layout (with its name and version in the metadata): one row per user with
+    representations, events oldest to newest."""
     row_of = np.searchsorted(index.offsets, history.event, side="right") - 1
     users, starts = np.unique(row_of, return_index=True)
     offsets = np.append(starts, len(history)).astype(np.int32)
@@ -116,7 +124,15 @@ def rep_history_table(history: RepHistory, index: HistoryIndex) -> pa.Table:
         ],
         fields=list(rep_history_schema(dim).field("events").type.value_type),
     )
-    return pa.table(
+    table = pa.table(
         {"user_id": pa.array(index.user_ids[users]), "events": pa.ListArray.from_arrays(pa.array(offsets), items)},
         schema=rep_history_schema(dim),
     )
+    return table.cast(REP_HISTORY.with_metadata(table.schema))
+
+
+def latest_events(index: HistoryIndex, length: int) -> np.ndarray:
+    """The flat indices of each user's newest ``length`` stored events (a backfill's events)."""
+    starts = np.maximum(index.offsets[1:] - length, index.offsets[:-1])
+    sizes = index.offsets[1:] - starts
+    return np.repeat(starts, sizes) + (np.arange(sizes.sum()) - np.repeat(np.cumsum(sizes) - sizes, sizes))

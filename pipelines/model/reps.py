@@ -1,4 +1,5 @@
-"""The model's representations and click head, as the fallback evaluation needs them.
+"""The model's representations and click head at any chosen time, as the fallback evaluation, the
+transfer stage's snapshots and the historical representations need them.
 
 Pair representations are cut by the precompute stage's own batch builder
 (``build_candidate_batch``: events strictly before the request time, device unknown),
