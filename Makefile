@@ -11,7 +11,7 @@ DEMO_DIR ?= out/demo
 B ?=
 PYTEST_ARGS ?=
 
-.PHONY: prism help setup lock demo test test-unit bench lint services-up services-down kafka-up kafka-down redis-up redis-down redis-cluster-up redis-cluster-down s3-up s3-down browser clean
+.PHONY: prism help setup lock demo docs test test-unit bench lint services-up services-down kafka-up kafka-down redis-up redis-down redis-cluster-up redis-cluster-down s3-up s3-down browser clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -F':.*?## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -31,8 +31,11 @@ lock: ## re-resolve pyproject.toml's version ranges into constraints.txt (then m
 demo: setup ## generate ~1M events, build histories, inspect them (embedded defaults)
 	DEMO_DIR=$(DEMO_DIR) bash scripts/demo.sh
 
-test: setup prism browser services-up redis-cluster-up s3-up flink-jobserver spark-jobserver flink-up ## start the real services (Kafka, Redis, S3Proxy, Flink) and run every test
+test: setup docs prism browser services-up redis-cluster-up s3-up flink-jobserver spark-jobserver flink-up ## start the real services (Kafka, Redis, S3Proxy, Flink) and run every test
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+docs: setup ## build the documentation site (docs/, mkdocs build --strict) into out/site
+	NO_MKDOCS_2_WARNING=1 PYTHONPATH=$(CURDIR) $(VENV)/bin/mkdocs build --strict --site-dir out/site
 
 test-unit: setup ## only the fast tests (no real services)
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)

@@ -20,7 +20,7 @@ Scale matters: kcat's fixed start (connect, metadata) weighs on the QUICK topic
 (0.3M messages) but not on the full one (2.1M messages), while the project's
 reader is CPU-bound at any size (over half of its CPU is Arrow's JSON reader),
 so READERS is at most the number of cores the readers get. Figures of past runs:
-bench/RESULTS.md.
+docs/benchmarks/results.md.
 """
 
 from __future__ import annotations

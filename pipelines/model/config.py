@@ -41,7 +41,7 @@ class GemConfig:
     a few hundred converting users (on the bench world one user holds 78% of the training
     conversions), so it overfits them; through the click it shares the evidence of ~20x
     more positives. Its effect on conversion AUC, with and without it, is recorded in
-    bench/RESULTS.md (model).
+    docs/benchmarks/results.md (model).
     """
 
     d_model: int = 64

@@ -32,6 +32,19 @@ class CandidateCheck:
     dead_letters: pa.Table
 
 
+#: dead-letter reason code of a candidate row -> when it applies (the reference page is generated
+#: from it); ``inference_error`` is given by the inference step (``transforms``).
+REASONS: dict[str, str] = {
+    "empty_candidates": "a candidate row with no `ad_ids`",
+    "too_many_candidates": f"a candidate row with more than {MAX_ADS_PER_REQUEST:,} ads",
+    "out_of_range": "a negative `user_id` or an unknown `surface` code",
+    "missing_field": "no `request_time`",
+    "inference_error": "a batch the model failed on (counted as `inference_failures`)",
+}
+#: the rules of :func:`_reasons`, in the order they are checked
+_RULE_REASONS = ("empty_candidates", "too_many_candidates", "out_of_range", "missing_field")
+
+
 def _reasons(candidates: pa.Table) -> np.ndarray:
     """Per row, the first rule it breaks ("" where valid); vectorised."""
 
@@ -50,7 +63,7 @@ def _reasons(candidates: pa.Table) -> np.ndarray:
             (users < 0) | (surfaces < 0) | (surfaces >= len(SURFACES)),
             missing_time,
         ],
-        [np.array(r) for r in ("empty_candidates", "too_many_candidates", "out_of_range", "missing_field")],
+        [np.array(r) for r in _RULE_REASONS],
         default=np.array(""),
     )
 

@@ -1,5 +1,5 @@
 """The fallback evaluation on a small generated world with an untrained tiny model (shapes and wiring;
-the figures that matter come from a trained model, see the README)."""
+the figures that matter come from a trained model, see docs/guides/similarity.md)."""
 
 from __future__ import annotations
 

@@ -49,6 +49,16 @@ def candidate_sets_to_wire(table: pa.Table) -> list[Message]:
     return out
 
 
+#: reason code of an unreadable candidate-set message -> when it applies (the `solaris` job counts
+#: them per reason and, with ``--dead-letters``, writes them; the reference page is generated from it)
+REASONS: dict[str, str] = {
+    "bad_json": "the message is not a JSON object",
+    "missing_field": "a field of the candidate set is absent or null",
+    "bad_enum": "`surface` or `stage` is not one of the known lower-case values",
+    "bad_type": "`request_id` is not a string, or an id, a time or an ad id is not a 64-bit integer",
+}
+
+
 @dataclass(frozen=True)
 class DecodedCandidateSets:
     """``table`` (CANDIDATE_SET) holds the good payloads, row i from payload ``rows[i]``;

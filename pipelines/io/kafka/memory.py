@@ -5,7 +5,7 @@ receive chunks, join and frame copies, this project's parse and the decoder's
 numpy masks), each a few MiB and freed a moment later. glibc serves allocations
 that large with ``mmap`` (or trims them off the heap's top) and returns them on
 ``free``, so every buffer is page-faulted and zeroed afresh, kernel time that
-is a noticeable share of a bulk reader's CPU (bench/RESULTS.md, kafka). Raising
+is a noticeable share of a bulk reader's CPU (docs/benchmarks/results.md, kafka). Raising
 the mmap threshold and the trim threshold lets freed buffers be reused.
 
 The cost is that a process keeps up to ``TRIM_BYTES`` of freed memory after a
