@@ -11,7 +11,7 @@ DEMO_DIR ?= out/demo
 B ?=
 PYTEST_ARGS ?=
 
-.PHONY: prism help setup lock demo docs test test-unit bench lint services-up services-down kafka-up kafka-down redis-up redis-down redis-cluster-up redis-cluster-down s3-up s3-down browser clean
+.PHONY: prism help setup lock demo docs test test-unit bench lint services-up services-down kafka-up kafka-down redis-up redis-down redis-cluster-up redis-cluster-down s3-up s3-down browser prometheus prometheus-check prometheus-up prometheus-down clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -F':.*?## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -31,7 +31,7 @@ lock: ## re-resolve pyproject.toml's version ranges into constraints.txt (then m
 demo: setup ## generate ~1M events, build histories, inspect them (embedded defaults)
 	DEMO_DIR=$(DEMO_DIR) bash scripts/demo.sh
 
-test: setup docs prism browser services-up redis-cluster-up s3-up flink-jobserver spark-jobserver flink-up ## start the real services (Kafka, Redis, S3Proxy, Flink) and run every test
+test: setup docs prism browser prometheus services-up redis-cluster-up s3-up flink-jobserver spark-jobserver flink-up ## start the real services (Kafka, Redis, S3Proxy, Flink) and run every test
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 docs: setup ## build the documentation site (docs/, mkdocs build --strict) into out/site
@@ -80,6 +80,18 @@ redis-cluster-up: ## start the project's 6-node Redis Cluster on 127.0.0.1:17000
 
 redis-cluster-down: ## stop the project's Redis Cluster (and forget its membership)
 	bash scripts/redis-cluster.sh down
+
+prometheus: ## install Debian's prometheus and promtool (the monitoring tests run their own servers)
+	bash scripts/prometheus.sh install
+
+prometheus-check: prometheus ## promtool: check deploy/prometheus's config and rules, run the rules' unit tests
+	bash scripts/prometheus.sh check
+
+prometheus-up: prometheus ## start Prometheus on 127.0.0.1:19090 with deploy/prometheus/prometheus.yml
+	bash scripts/prometheus.sh up
+
+prometheus-down: ## stop the Prometheus started by prometheus-up (its data stays in .cache/prometheus)
+	bash scripts/prometheus.sh down
 
 # Beam versions: the SDK's from the lock (its one statement), the Flink runner's from
 # deploy/versions.env (the file says why they differ). Read with sed, not `include`, so that

@@ -18,7 +18,8 @@
 # rendered from deploy/flink/config.yaml.in), run/ (pid files), log/, tmp/, checkpoints/.
 # `up` is idempotent (a running cluster is left alone; a lost TaskManager is restarted) and
 # safe to run concurrently (flock). REST and web UI on http://127.0.0.1:$FLINK_REST_PORT
-# (default 8081); Beam submits with --flink_master 127.0.0.1:8081.
+# (default 8081); Beam submits with --flink_master 127.0.0.1:8081. Flink's own metrics: the
+# Prometheus reporter of the distribution on ports $FLINK_PROM_PORTS (default 9250-9259).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -42,6 +43,8 @@ TM_MEMORY="${FLINK_TM_MEMORY:-2560m}"
 WAIT_S="${FLINK_WAIT_S:-120}"
 HEARTBEAT_INTERVAL="${FLINK_HEARTBEAT_INTERVAL_MS:-10000}"
 HEARTBEAT_TIMEOUT="${FLINK_HEARTBEAT_TIMEOUT_MS:-50000}"
+# Flink's Prometheus reporter: each process serves /metrics on the first free port of this range.
+PROM_PORTS="${FLINK_PROM_PORTS:-9250-9259}"
 BEAM_RUNNER_VERSION="${BEAM_FLINK_RUNNER_VERSION:-$(versions_env BEAM_FLINK_RUNNER_VERSION)}"
 JOB_PORT="${FLINK_JOB_PORT:-8099}"
 JARS="$ROOT/.cache/jars"
@@ -149,6 +152,7 @@ render_config() {
     sed -e "s|@STATE@|$STATE|g" -e "s|@PORT@|$PORT|g" -e "s|@RPC_PORT@|$RPC_PORT|g" \
         -e "s|@SLOTS@|$SLOTS|g" -e "s|@JM_MEMORY@|$JM_MEMORY|g" -e "s|@TM_MEMORY@|$TM_MEMORY|g" \
         -e "s|@HEARTBEAT_INTERVAL@|$HEARTBEAT_INTERVAL|g" -e "s|@HEARTBEAT_TIMEOUT@|$HEARTBEAT_TIMEOUT|g" \
+        -e "s|@PROM_PORTS@|$PROM_PORTS|g" \
         "$DEPLOY/config.yaml.in" >"$FLINK_CONF_DIR/config.yaml"
     echo "127.0.0.1:$PORT" >"$FLINK_CONF_DIR/masters"
     echo "127.0.0.1" >"$FLINK_CONF_DIR/workers"

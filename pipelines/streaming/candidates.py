@@ -47,6 +47,10 @@ __all__ = ["CandidatesConfig", "CandidatesJob", "JobCounts", "write_dead_letter"
 
 log = logging.getLogger(__name__)
 
+#: What becomes of a pair asked for (``gem_pairs_total{outcome}``): written or found in time by the
+#: first three, not by the last two (its set was past its deadline, or shed by back-pressure).
+PAIR_OUTCOMES = ("computed", "fresh", "repeated", "late", "shed")
+
 
 @dataclass(frozen=True)
 class CandidatesConfig:
@@ -106,6 +110,8 @@ class CandidatesJob:
     ) -> None:
         self._connection, self._config = connection, config
         self.metrics = metrics or JobMetrics("solaris")
+        for outcome in PAIR_OUTCOMES:  # every outcome's series from the start (the exact share's terms)
+            self.metrics.pairs.labels(self.metrics.pipeline, outcome)
         self.counts = JobCounts()
         self._queue = WorkQueue(config.queue_size)
         self._done: queue.SimpleQueue[tuple[int, np.ndarray]] = queue.SimpleQueue()
@@ -141,6 +147,7 @@ class CandidatesJob:
         if late:
             self.counts.deadline_dropped += len(late)
             self.metrics.deadline_dropped.labels(self.metrics.pipeline).inc(len(late))
+            self.metrics.pairs.labels(self.metrics.pipeline, "late").inc(sum(len(w.ad_ids) for w in late))
         if live:
             outcome = compute.pairs(live)
             for name, n in (("computed", outcome[0]), ("fresh", outcome[1]), ("repeated", outcome[2])):
@@ -221,6 +228,7 @@ class CandidatesJob:
         if shed:
             self.counts.shed += len(shed)
             self.metrics.shed.labels(self.metrics.pipeline).inc(len(shed))
+            self.metrics.pairs.labels(self.metrics.pipeline, "shed").inc(sum(len(w.ad_ids) for w in shed))
             for w in shed:
                 reader.done(w.partition, np.asarray([w.offset]))
         self.metrics.depth("candidate_sets", len(self._queue))

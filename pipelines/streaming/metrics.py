@@ -13,7 +13,10 @@ tests, in one process never clash); :meth:`JobMetrics.serve` exposes them on
 - ``gem_freshness_seconds{leg}`` histogram: event_to_history, event_to_user_rep,
   candidate_to_pair (candidate set's stage time to its pairs written);
 - ``gem_queue_depth{queue}``, ``gem_work_shed_total``, ``gem_deadline_dropped_total``,
-  ``gem_pairs_total{outcome}`` (computed, fresh = compute saved, repeated);
+  ``gem_pairs_total{outcome}``: every pair asked for, by what became of it: computed, fresh
+  (compute saved), repeated, or not written in time because its set was ``late`` (past its
+  deadline) or ``shed`` (back-pressure). The share of the first three is the exact share
+  (deploy/prometheus/rules/gem.yml);
 - ``gem_state_users``: users held; ``process_resident_memory_bytes`` and the other
   ``process_*`` series: RSS, CPU, open files.
 
@@ -75,6 +78,8 @@ class JobMetrics:
         )
         self.pairs = Counter("gem_pairs", "pairs asked for, by outcome", [*p, "outcome"], registry=r)
         self.state_users = Gauge("gem_state_users", "users whose history the job holds", p, registry=r)
+        for counter in (self.shed, self.deadline_dropped):  # a series from the start: rate() sees the first one
+            counter.labels(pipeline)
         self._recent: dict[str, deque[float]] = {}
         self._lock = threading.Lock()
 

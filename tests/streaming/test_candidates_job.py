@@ -162,6 +162,7 @@ def test_job_writes_pairs_drops_late_sets_and_skips_fresh_ones(
     asked = sum(len(a) for a in live["ad_ids"].to_pylist())
     assert counts.pairs_computed + counts.pairs_repeated == asked and counts.pairs_fresh == 0
     assert job.metrics.value("gem_deadline_dropped_total") == 5
+    assert job.metrics.value("gem_pairs_total", outcome="late") == sum(len(a) for a in late["ad_ids"].to_pylist())
     assert job.metrics.value("gem_dead_letters_total", reason="bad_json") == 1
     # the same sets again (another group): every pair is fresh in the store, nothing is computed
     again = CandidatesJob(kafka, _config(world, topic, store)).run()
@@ -208,6 +209,8 @@ def test_overload_sheds_the_oldest_sets_and_commits_them(
     assert counts.shed > 0 and counts.shed + counts.requests_done == 40
     assert counts.committed == {0: 40}
     assert job.metrics.value("gem_work_shed_total") == counts.shed
+    assert job.metrics.value("gem_pairs_total", outcome="shed") > 0  # every pair asked for has an outcome:
+    assert job.metrics.value("gem_pairs_total") == sum(len(a) for a in sets["ad_ids"].to_pylist())
     found = _all_found(store, sets.slice(39, 1))
     assert found.all()  # the newest set was kept and computed
     assert not _all_found(store, sets.slice(0, 1)).all()  # the oldest was shed
