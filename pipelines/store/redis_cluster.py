@@ -111,7 +111,7 @@ class RedisClusterStore(RedisStore):
         """``redis-cluster://[[user]:password@]host:port``; options ``namespace``, ``timeout``, ``layout``,
         ``failover_timeout``."""
         form, example = "redis-cluster://host:port", DEFAULT_REDIS_CLUSTER_URL
-        parts, kwargs = redis_uri_parts(uri, options, form, example)
+        parts, kwargs = redis_uri_parts(uri, location, options, form, example)
         if parts.path.strip("/") not in ("", "0"):
             raise ConfigError(
                 FLAG, f"{uri!r} names database {parts.path.strip('/')}", f"a cluster has only db 0: {form}"

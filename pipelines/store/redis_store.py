@@ -86,11 +86,12 @@ class RedisStore(OnlineStore):
     @classmethod
     def config_from_uri(cls, uri: str, location: str, options: dict[str, str]) -> RedisConfig:
         """``redis://[[user]:password@]host:port/db`` (``rediss://``: TLS); options ``namespace``, ``timeout``."""
-        parts, kwargs = redis_uri_parts(uri, options, "redis://host:port/db", "redis://127.0.0.1:16379/0")
+        parts, kwargs = redis_uri_parts(uri, location, options, "redis://host:port/db", "redis://127.0.0.1:16379/0")
         db = parts.path.lstrip("/")
         if db and not db.isdigit():
             raise ConfigError(FLAG, f"{uri!r} is not redis://host:port/db", "e.g. redis://127.0.0.1:16379/0")
-        return RedisConfig(urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")), **kwargs)
+        scheme = "rediss" if uri[:7].lower() == "rediss:" else "redis"
+        return RedisConfig(urlunsplit((scheme, parts.netloc, parts.path, "", "")), **kwargs)
 
     def __init__(self, config: RedisConfig, options: StoreOptions | None = None, clock: Clock | None = None):
         super().__init__(options, clock)
@@ -236,10 +237,13 @@ class RedisStore(OnlineStore):
             raise
 
 
-def redis_uri_parts(uri: str, options: dict[str, str], form: str, example: str) -> tuple[Any, dict[str, Any]]:
-    """``uri`` split (``urlsplit``), checked to name a host and a valid port, and the ``namespace`` and
-    ``timeout`` options as :class:`RedisConfig` keyword arguments; :class:`ConfigError` otherwise."""
-    parts = urlsplit(uri)
+def redis_uri_parts(
+    uri: str, location: str, options: dict[str, str], form: str, example: str
+) -> tuple[Any, dict[str, Any]]:
+    """``location`` (``[[user]:password@]host:port[/db]`` of ``uri``) split (``urlsplit``), checked to name
+    a host and a valid port, and the ``namespace`` and ``timeout`` options as :class:`RedisConfig`
+    keyword arguments; :class:`ConfigError` otherwise."""
+    parts = urlsplit("//" + location)
     try:
         port = parts.port
     except ValueError as exc:

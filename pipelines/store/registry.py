@@ -72,6 +72,7 @@ def parse_store_uri(uri: str) -> StoreSpec:
         raise ConfigError(FLAG, "the store URI is empty", f"give one of {_EXAMPLES}")
     register_uri(uri)  # its password is masked in every message from now on
     scheme, rest = _split(uri)
+    register_uri(f"store://{rest}")  # the same, where the scheme is a dotted path urlsplit cannot read
     cls = backend_class(scheme, uri)
     location, _, query_text = rest.partition("?")
     query = dict(parse_qsl(query_text, keep_blank_values=True))
