@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, TypeVar
 if TYPE_CHECKING:
     import torch
 
+    from pipelines.io.kafka.config import KafkaConnection
+
 T = TypeVar("T")
 QUICK = os.environ.get("QUICK", "") not in ("", "0")
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,3 +108,25 @@ def untrained_model(directory: Path) -> Path:
 
 def result(name: str, ratio: float, target: float, text: str) -> None:
     print(f"RESULT {name} ratio={ratio:.3f} target={target:g} {text}", flush=True)
+
+
+def kafka_connection(bootstrap: str | None = None) -> KafkaConnection:
+    """The broker a bench talks to (``GEM_KAFKA_BOOTSTRAP``, else the project's own); when nothing
+    listens there, exit 2 with the fix before any work, instead of a client's traceback minutes later."""
+    import socket
+
+    from pipelines.io.kafka.config import DEFAULT_BOOTSTRAP, KafkaConnection
+
+    server = bootstrap or os.environ.get("GEM_KAFKA_BOOTSTRAP", DEFAULT_BOOTSTRAP)
+    host, _, port = server.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=3):
+            pass
+    except OSError as exc:
+        print(
+            f"error: this bench needs Kafka, and nothing answers at {server} ({exc.strerror or exc}). "
+            "Fix: start the project's broker with `make kafka-up` (or set GEM_KAFKA_BOOTSTRAP to a running one)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2) from None
+    return KafkaConnection(bootstrap_servers=(server,))

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING  # noqa: E402
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
-from bench.common import QUICK, WORK, generate, result, untrained_model  # noqa: E402
+from bench.common import QUICK, WORK, generate, kafka_connection, result, untrained_model  # noqa: E402
 
 if TYPE_CHECKING:
     from pipelines.io.kafka.produce import KafkaSink
@@ -83,6 +83,7 @@ class Run:
 
 
 def main() -> None:
+    kafka_connection()  # no broker: the fix, before the world is built
     root = WORK / "solaris"
     need = int(sum(RATES) * SECONDS) + 50
     folder = root / f"world-{USERS}x{DAYS}-{need}"
@@ -229,11 +230,10 @@ class _Watcher(threading.Thread):
 
 def measure(world: _World, root: Path, rate: int, first: int, count: int) -> Run:
     from pipelines.io.kafka.candidate_sets import candidate_sets_to_wire
-    from pipelines.io.kafka.config import DEFAULT_BOOTSTRAP, KafkaConnection
     from pipelines.io.kafka.produce import KafkaSink, delete_topics, ensure_topic
 
-    bootstrap = os.environ.get("GEM_KAFKA_BOOTSTRAP", DEFAULT_BOOTSTRAP)
-    connection = KafkaConnection(bootstrap_servers=(bootstrap,))
+    connection = kafka_connection()
+    bootstrap = connection.bootstrap
     topic = f"bench-solaris-{uuid.uuid4().hex[:8]}"
     ensure_topic(connection, topic, 2)
     uri = _store(world, root)

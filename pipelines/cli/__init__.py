@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from pipelines import redact
+from pipelines.cli import failures
 from pipelines.errors import PipelinesError
 
 #: command name -> (module path, one-line help)
@@ -71,10 +72,12 @@ def configure_logging(verbose: bool) -> None:
 
 class _NoTracebackForOwnErrors(logging.Filter):
     """Beam logs a failing step's exception with its traceback; for the project's own errors
-    (which name the fix) the one-line ``error:`` that :func:`main` prints is the whole story."""
+    and the known failure classes (which name the fix) the one-line ``error:`` that :func:`main`
+    prints is the whole story."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and isinstance(record.exc_info[1], PipelinesError))
+        exc = record.exc_info[1] if record.exc_info else None
+        return exc is None or not (isinstance(exc, PipelinesError) or failures.is_known(exc))
 
 
 def _chosen(argv: Sequence[str]) -> str | None:
@@ -121,3 +124,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PipelinesError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # the known failure classes end in one line; anything else is a bug
+        message = failures.explain(exc, written=_written(args), ports=_ports(args))
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+
+
+def _written(args: argparse.Namespace) -> list[str]:
+    """What the command writes, named when a failure does not carry its file name."""
+    paths = [getattr(args, name, None) for name in ("output", "dead_letters", "plot", "html")]
+    store = getattr(args, "store", None)
+    if isinstance(store, str) and store.startswith("lmdb://"):
+        paths.append(store.removeprefix("lmdb://").split("?")[0])
+    return [p for p in paths if isinstance(p, str) and p]
+
+
+def _ports(args: argparse.Namespace) -> list[int]:
+    port = getattr(args, "metrics_port", None)
+    return [port] if isinstance(port, int) else []

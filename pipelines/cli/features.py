@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from pipelines import settings
 from pipelines.cli import flags
 
 if TYPE_CHECKING:
-    from pipelines.features.examples import LabelWindows
+    from pipelines.features.pipeline import FeaturesConfig
 
 ACCEPTS_BEAM_ARGS = True
 
@@ -38,51 +40,42 @@ def add_history_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--previous", metavar="DIR", help="an earlier snapshot to merge into (incremental build); dedups against it"
     )
-    parser.add_argument(
-        "--max-history",
-        type=int,
-        default=4096,
-        help="events kept per user; older ones fold into the summary (default: %(default)s)",
+    flags.add_max_history(parser)
+    flags.add_num_shards(parser, "output files per kind and the unit of parallelism")
+    flags.add_setting_duration(
+        parser, settings.CLICK_WINDOW, "a click on the same item within this long labels an impression clicked"
     )
-    parser.add_argument(
-        "--num-shards",
-        type=int,
-        default=16,
-        help="user shards: output files per kind and the unit of parallelism (default: %(default)s)",
-    )
-    flags.add_duration(
-        parser, "--click-window", "30m", "a click on the same item within this long labels an impression clicked"
-    )
-    flags.add_duration(
+    flags.add_setting_duration(
         parser,
-        "--conversion-window",
-        "7d",
+        settings.CONVERSION_WINDOW,
         "a conversion, app install or off-site conversion within this long labels it converted",
     )
     flags.add_max_future(parser)
 
 
-def label_windows(args: argparse.Namespace) -> LabelWindows:
+def features_config(args: argparse.Namespace, *, inputs: Sequence[str], output: str) -> FeaturesConfig:
+    """The one place a :class:`FeaturesConfig` is built from parsed flags (``features`` and ``replay``)."""
     from pipelines.features.examples import LabelWindows
+    from pipelines.features.pipeline import FeaturesConfig
 
-    return LabelWindows(int(args.click_window * 1000), int(args.conversion_window * 1000))
-
-
-def run(args: argparse.Namespace) -> int:
-    from pipelines.features.pipeline import FeaturesConfig, run_features
-    from pipelines.runners import pipeline_options, runner_for
-
-    config = FeaturesConfig(
-        inputs=args.input,
-        output=args.output,
+    return FeaturesConfig(
+        inputs=inputs,
+        output=output,
         previous=args.previous,
         max_history=args.max_history,
         num_shards=args.num_shards,
-        windows=label_windows(args),
+        windows=LabelWindows(int(args.click_window * 1000), int(args.conversion_window * 1000)),
         overwrite=args.overwrite,
         max_future_ms=int(args.max_future * 1000),
-        skip_bad_files=args.skip_bad_files,
+        skip_bad_files=getattr(args, "skip_bad_files", False),
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipelines.features.pipeline import run_features
+    from pipelines.runners import pipeline_options, runner_for
+
+    config = features_config(args, inputs=args.input, output=args.output)
     summary = run_features(config, pipeline_options(args, args.beam_args), runner_for(args))
     if summary.get("dry_run"):  # --runner DataflowRunner --dry_run=True: the job graph, nothing ran
         from pipelines.dataflow_job import dry_run_report

@@ -19,7 +19,9 @@ import argparse
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pipelines import settings
 from pipelines.durations import parse_duration
+from pipelines.errors import ConfigError
 
 __all__ = [
     "DEVICES",
@@ -65,11 +67,46 @@ def add_duration(parser: argparse.ArgumentParser, flag: str, default: str | None
     )
 
 
+def add_setting_duration(parser: argparse.ArgumentParser, setting: settings.Duration, help: str) -> None:
+    """A duration flag whose name and default come from :mod:`pipelines.settings`."""
+    add_duration(parser, setting.flag, setting.default, help)
+
+
+def in_range(setting: settings.Range, kind: Callable[[str], Any] = int) -> Callable[[str], Any]:
+    """An argparse ``type``: a number of ``kind`` that ``setting`` accepts (its one bound check)."""
+
+    def parse(text: str) -> Any:
+        try:
+            return setting.check(kind(text))
+        except (ValueError, ConfigError) as exc:
+            raise argparse.ArgumentTypeError(f"{text!r}: pass a number in {setting.low}..{setting.high}") from exc
+
+    return parse
+
+
+def add_bounded(parser: Any, setting: settings.Bounded, help: str) -> None:
+    """An integer flag whose name, default and bounds come from :mod:`pipelines.settings`."""
+    parser.add_argument(
+        setting.flag,
+        type=in_range(setting),
+        default=setting.default,
+        metavar="N",
+        help=f"{help} ({setting.low}..{setting.high}; default: %(default)s)",
+    )
+
+
+def add_max_history(parser: argparse.ArgumentParser) -> None:
+    add_bounded(parser, settings.MAX_HISTORY, "events kept per user; older ones fold into the summary")
+
+
+def add_num_shards(parser: argparse.ArgumentParser, what: str) -> None:
+    add_bounded(parser, settings.NUM_SHARDS, f"user shards: {what}")
+
+
 def add_max_future(parser: argparse.ArgumentParser) -> None:
-    add_duration(
+    add_setting_duration(
         parser,
-        "--max-future",
-        "1d",
+        settings.MAX_FUTURE,
         "events later than the run's clock plus this become `future_time` dead letters, so no event moves a "
         "watermark past now",
     )
@@ -197,3 +234,86 @@ def positive(kind: Callable[[str], Any] = int) -> Callable[[str], Any]:
         return value
 
     return parse
+
+
+# -- the Kafka and long-running-job group of produce, replay, stream and solaris --------------------
+
+
+def add_topic(parser: argparse.ArgumentParser, holds: str) -> None:
+    parser.add_argument("--topic", required=True, help=holds)
+
+
+def add_group(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--group", required=True, help="consumer group whose offsets the job commits")
+
+
+def add_start(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--from", dest="start", default="earliest", metavar="TIME|OFFSET", help=f"{what} (default: %(default)s)"
+    )
+
+
+def add_topic_outputs(parser: argparse.ArgumentParser) -> None:
+    """``--to-topic`` (histories as JSON, key = user_id) and ``--dead-letter-topic``."""
+    parser.add_argument("--to-topic", metavar="TOPIC", help="also publish the histories here (JSON per user)")
+    parser.add_argument("--dead-letter-topic", metavar="TOPIC", help="also publish the dead letters here (JSON)")
+
+
+def add_kafka_backend(parser: argparse.ArgumentParser) -> None:
+    from pipelines.io.kafka.consume import BACKENDS
+
+    parser.add_argument(
+        "--kafka-backend",
+        default="kafka-python",
+        choices=BACKENDS,
+        help="client library (default: %(default)s; confluent needs the kafka-fast extra)",
+    )
+
+
+def add_kafka_connection(parser: argparse.ArgumentParser) -> None:
+    """``--bootstrap-servers``, ``--security-protocol``, ``--sasl-*``, ``--ssl-*`` (GEM_KAFKA_* defaults)."""
+    from pipelines.io.kafka.config import add_connection_arguments
+
+    add_connection_arguments(parser)
+
+
+def add_store(parser: argparse.ArgumentParser, *, required: bool, what: str = "") -> None:
+    parser.add_argument(
+        "--store",
+        required=required,
+        metavar="URI",
+        help=f"online store{what}: lmdb:///path, redis://host:port/db, redis-cluster://host:port or "
+        "package.module:Class://...",
+    )
+
+
+def add_metrics_port(parser: argparse.ArgumentParser, serves: str) -> None:
+    parser.add_argument(
+        settings.PORT.flag,
+        type=in_range(settings.PORT),
+        default=None,
+        metavar="PORT",
+        help=f"serve Prometheus metrics ({serves}) on 127.0.0.1:PORT ({settings.PORT.low}..{settings.PORT.high})",
+    )
+
+
+def check_port_free(port: int | None, host: str = "127.0.0.1") -> None:
+    """Refuse, before any work, a ``--metrics-port`` that another process already holds."""
+    import errno
+    import socket
+
+    if port is None:
+        return
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigError(
+                    settings.PORT.flag,
+                    f"port {port} is in use on {host}",
+                    "pick a free port, or stop the process that holds it (`ss -ltnp`)",
+                ) from exc
+            raise ConfigError(
+                settings.PORT.flag, f"cannot listen on {host}:{port} ({exc.strerror})", "pick another port"
+            ) from exc

@@ -18,6 +18,10 @@ import argparse
 import json
 from pathlib import Path
 
+import pyarrow as pa
+
+from pipelines.errors import LayoutError
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", metavar="PATH", help="a Parquet file or folder written by this project")
@@ -83,7 +87,13 @@ def run(args: argparse.Namespace) -> int:
         from pipelines.inspect.output import check_report_path
 
         check_report_path(args.path, args.html, overwrite=args.overwrite)
-    datasets = find_datasets(args.path)  # refuses an uncommitted or damaged snapshot before printing anything
+    try:  # refuses an uncommitted or damaged snapshot before printing anything
+        datasets = find_datasets(args.path)
+    except pa.ArrowException as exc:  # not Parquet at all (e.g. a text file)
+        raise LayoutError(
+            f"{args.path}: not a Parquet file or folder of this project ({exc}). Fix: pass a Parquet file or "
+            "an --output folder of features, replay, precompute, index or stream"
+        ) from exc
     if is_streaming_output(Path(args.path)):
         print("== a streaming job's output: flush files, each user's newest row is its current history")
     summary = Path(args.path) / "summary.json"

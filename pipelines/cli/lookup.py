@@ -17,20 +17,16 @@ import json
 import math
 import time
 
+from pipelines import settings
 from pipelines.cli import flags
 from pipelines.errors import ConfigError
 
-DEFAULT_MAX_AGE_S = 3_600.0
-DEFAULT_FALLBACK_MAX_AGE_S = 7 * 86_400.0
+DEFAULT_MAX_AGE_S = settings.MAX_AGE.seconds
+DEFAULT_FALLBACK_MAX_AGE_S = settings.FALLBACK_MAX_AGE.seconds
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--store",
-        required=True,
-        metavar="URI",
-        help="lmdb:///path, redis://host:port/db, redis-cluster://host:port or package.module:Class://...",
-    )
+    flags.add_store(parser, required=True)
     parser.add_argument("--index", required=True, metavar="INDEX_DIR", help="output folder of the index command")
     parser.add_argument("--user", required=True, type=int, help="the requesting user id")
     parser.add_argument("--ads", required=True, help="candidate ad ids, comma-separated")
@@ -38,13 +34,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-age",
         type=flags.duration,
         metavar="DURATION",
-        help="an exact pair older than this is stale (default: the store URI's ?max_age=, else 1h)",
+        help=f"an exact pair older than this is stale (default: the store URI's ?max_age=, else "
+        f"{settings.MAX_AGE.default})",
     )
     parser.add_argument(
         "--fallback-max-age",
         type=flags.duration,
         metavar="DURATION",
-        help="staleness bound of same-user and neighbours' representations (default: 7d, or --max-age if longer)",
+        help="staleness bound of same-user and neighbours' representations (default: "
+        f"{settings.FALLBACK_MAX_AGE.default}, or --max-age if longer)",
     )
     parser.add_argument("--k", type=int, default=10, help="nearest users searched (default: %(default)s)")
     parser.add_argument(

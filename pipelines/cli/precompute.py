@@ -29,11 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     flags.add_model_input(parser)
     flags.add_output(parser, "the representations")
-    parser.add_argument(
-        "--store",
-        metavar="URI",
-        help="also write to an online store: lmdb:///path, redis://host:port/db, redis-cluster://host:port or package.module:Class://...",
-    )
+    flags.add_store(parser, required=False, what=" to also write to")
     parser.add_argument(
         "--all-users", action="store_true", help="also emit a user-level representation for every user with a history"
     )

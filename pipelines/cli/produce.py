@@ -16,24 +16,25 @@ import argparse
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from pipelines.cli import flags
 from pipelines.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pipelines.io.kafka.config import KafkaConnection
 
 ACCEPTS_BEAM_ARGS = False
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pipelines.io.kafka.config import add_connection_arguments
-    from pipelines.io.kafka.consume import BACKENDS
-
     parser.add_argument(
         "--input",
         required=True,
         metavar="FILE",
         help="events file: .jsonl, .jsonl.gz, .parquet (or a funnel .parquet: candidate sets)",
     )
-    parser.add_argument("--topic", required=True, help="topic to write (created when missing)")
+    flags.add_topic(parser, "topic to write (created when missing)")
     parser.add_argument(
         "--rate", type=float, default=0.0, help="at most this many messages per second (default: as fast as possible)"
     )
@@ -43,14 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=4,
         help="partitions when the topic is created (default: %(default)s)",
     )
-    parser.add_argument(
-        "--kafka-backend",
-        default="kafka-python",
-        choices=BACKENDS,
-        help="client library (default: %(default)s; confluent needs the kafka-fast extra)",
-    )
+    flags.add_kafka_backend(parser)
     flags.add_progress(parser)
-    add_connection_arguments(parser)
+    flags.add_kafka_connection(parser)
 
 
 class Pacer:
@@ -70,12 +66,33 @@ class Pacer:
             self._sleep(ahead)
 
 
+def _create_topic(connection: KafkaConnection, topic: str, partitions: int) -> bool:
+    """Create ``topic`` when missing; a count or name the cluster refuses is an error naming the flag."""
+    from kafka.errors import InvalidPartitionsError, InvalidTopicError, PolicyViolationError
+
+    from pipelines.io.kafka.produce import ensure_topic
+
+    try:
+        return ensure_topic(connection, topic, partitions)
+    except (InvalidPartitionsError, PolicyViolationError) as exc:
+        raise ConfigError(
+            "--num-partitions",
+            f"the cluster refused a topic of {partitions} partitions ({type(exc).__name__})",
+            "pass a smaller count (a Kafka cluster creates at most 10000 partitions per request; a few per "
+            "consumer is plenty)",
+        ) from exc
+    except InvalidTopicError as exc:
+        raise ConfigError(
+            "--topic", f"{topic!r} is not a valid topic name", "use letters, digits, '.', '_', '-'"
+        ) from exc
+
+
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from pipelines.io.kafka.config import connection_from_args
     from pipelines.io.kafka.consume import open_lookup
-    from pipelines.io.kafka.produce import ensure_topic, file_messages, open_sink, topic_partitions
+    from pipelines.io.kafka.produce import file_messages, open_sink, topic_partitions
 
     logging.getLogger("kafka").setLevel(logging.WARNING)  # its INFO lines are per-connection noise
     if args.rate < 0:
@@ -83,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     connection = connection_from_args(args)
     open_lookup(connection).close()  # fails fast, naming the flag, when the cluster is unreachable
     total, batches = file_messages(args.input, batch=max(1, min(10_000, int(args.rate) or 10_000)))
-    created = ensure_topic(connection, args.topic, args.num_partitions)
+    created = _create_topic(connection, args.topic, args.num_partitions)
     sink = open_sink(connection, args.topic, args.kafka_backend)
     started, sent, unkeyed = time.perf_counter(), 0, 0
     pacer = Pacer(args.rate)

@@ -24,28 +24,20 @@ import tempfile
 from typing import TYPE_CHECKING
 
 from pipelines.cli import flags
-from pipelines.cli.features import add_history_arguments, label_windows
+from pipelines.cli.features import add_history_arguments, features_config
 from pipelines.errors import ConfigError
 
 if TYPE_CHECKING:
     from pipelines.io.kafka.config import KafkaConnection
+    from pipelines.io.kafka.ranges import Position
 
 ACCEPTS_BEAM_ARGS = True
 log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pipelines.io.kafka.config import add_connection_arguments
-    from pipelines.io.kafka.consume import BACKENDS
-
-    parser.add_argument("--topic", required=True, help="topic to replay")
-    parser.add_argument(
-        "--from",
-        dest="start",
-        default="earliest",
-        metavar="TIME|OFFSET",
-        help="first offset or time (default: %(default)s)",
-    )
+    flags.add_topic(parser, "topic to replay")
+    flags.add_start(parser, "first offset or time")
     parser.add_argument(
         "--to",
         dest="stop",
@@ -55,22 +47,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--partitions", metavar="P[,P...]", help="only these partitions (default: all)")
     flags.add_output(parser, "the features snapshot (Parquet)", required=False)
-    parser.add_argument("--to-topic", metavar="TOPIC", help="publish the histories to this topic (JSON per user)")
-    parser.add_argument("--dead-letter-topic", metavar="TOPIC", help="also publish the dead letters here")
+    flags.add_topic_outputs(parser)
     parser.add_argument(
         "--max-split",
         type=flags.positive(),
         default=500_000,
         help="at most this many messages per read split (default: %(default)s)",
     )
-    parser.add_argument(
-        "--kafka-backend",
-        default="kafka-python",
-        choices=BACKENDS,
-        help="client library (default: %(default)s; confluent needs the kafka-fast extra)",
-    )
+    flags.add_kafka_backend(parser)
     add_history_arguments(parser)
-    add_connection_arguments(parser)
+    flags.add_kafka_connection(parser)
     flags.add_runner(parser)
 
 
@@ -81,6 +67,18 @@ def _partitions(text: str | None) -> list[int] | None:
         return [int(p) for p in text.split(",") if p.strip()]
     except ValueError as exc:
         raise ConfigError("--partitions", f"got {text!r}", "pass partition numbers like 0,1,2") from exc
+
+
+def _check_order(start: Position, stop: Position, start_text: str, stop_text: str) -> None:
+    """Refuse a range whose end comes before its start (it would read nothing and look like success)."""
+    rank = {"earliest": 0, "offset": 1, "time": 1, "latest": 2}
+    inverted = rank[start.kind] > rank[stop.kind] or (start.kind == stop.kind and start.value > stop.value)
+    if inverted and not (start.kind == "latest" and stop.kind == "latest"):
+        raise ConfigError(
+            "--to",
+            f"--from {start_text} --to {stop_text} ends before it starts",
+            "swap them: --from is the first offset or time, --to the exclusive end (e.g. --from earliest --to latest)",
+        )
 
 
 def _publish(
@@ -113,7 +111,7 @@ def _publish(
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipelines.features.pipeline import FeaturesConfig, run_features
+    from pipelines.features.pipeline import run_features
     from pipelines.features.sources import ReadEventsFromKafka
     from pipelines.io.kafka.config import connection_from_args
     from pipelines.io.kafka.consume import open_lookup
@@ -124,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.output and not args.to_topic:
         raise ConfigError("--output", "no destination given", "pass --output DIR and/or --to-topic TOPIC")
     start, stop = Position.parse(args.start, "--from"), Position.parse(args.stop, "--to")
+    _check_order(start, stop, args.start, args.stop)
     connection = connection_from_args(args)
     options = pipeline_options(args, args.beam_args)
     lookup = open_lookup(connection)
@@ -132,15 +131,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         lookup.close()
     output = args.output or tempfile.mkdtemp(prefix="gem-replay-")
-    config = FeaturesConfig(
-        inputs=[f"kafka:{r.topic}/{r.partition}/{r.start}-{r.stop}" for r in ranges],
-        output=output,
-        previous=args.previous,
-        max_history=args.max_history,
-        num_shards=args.num_shards,
-        windows=label_windows(args),
-        overwrite=args.overwrite,
-        max_future_ms=int(args.max_future * 1000),
+    config = features_config(
+        args, inputs=[f"kafka:{r.topic}/{r.partition}/{r.start}-{r.stop}" for r in ranges], output=output
     )
     source = ReadEventsFromKafka(
         connection,

@@ -24,6 +24,7 @@ import sys
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from pipelines import settings
 from pipelines.cli import flags
 
 if TYPE_CHECKING:
@@ -33,19 +34,13 @@ ACCEPTS_BEAM_ARGS = False
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pipelines.io.kafka.config import add_connection_arguments
     from pipelines.schemas.enums import FUNNEL_STAGES
 
-    parser.add_argument("--topic", required=True, help="topic of candidate sets")
-    parser.add_argument("--group", required=True, help="consumer group whose offsets the job commits")
+    flags.add_topic(parser, "topic of candidate sets")
+    flags.add_group(parser)
     parser.add_argument("--histories", required=True, metavar="DIR", help="--output folder of `stream` or `features`")
     flags.add_model_input(parser)
-    parser.add_argument(
-        "--store",
-        required=True,
-        metavar="URI",
-        help="lmdb:///path, redis://host:port/db, redis-cluster://host:port or package.module:Class://...",
-    )
+    flags.add_store(parser, required=True)
     parser.add_argument(
         "--stage", default="early", choices=FUNNEL_STAGES, help="funnel stage to precompute (default: %(default)s)"
     )
@@ -57,12 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser,
         "--deadline-grace",
         None,
-        "still compute a set this long after its needed_by; without it, none (a large value replays old funnel files)",
+        "still compute a set this long after its needed_by; without it, none (a large value such as 3650d "
+        "replays old funnel files)",
     )
-    flags.add_duration(
+    flags.add_setting_duration(
         parser,
-        "--pair-max-age",
-        "1h",
+        settings.PAIR_MAX_AGE,
         "a stored pair younger than this, on the user's current history, is not computed again",
     )
     flags.add_duration(
@@ -77,10 +72,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="write unreadable candidate sets to DIR/dead_letters/ (DEAD_LETTER Parquet); always counted and logged",
     )
-    parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
+    flags.add_metrics_port(parser, "sets, pairs, lag, queue depth, exact share")
     flags.add_device(parser, "the pair inference", default="cpu", why="; the GIL-bound job keeps its cores")
     parser.add_argument("--torch-threads", type=int, default=1, help="CPU threads of inference (default: %(default)s)")
-    add_connection_arguments(parser)
+    flags.add_kafka_connection(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -108,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         torch_threads=args.torch_threads,
         dead_letters=args.dead_letters,
     )
+    flags.check_port_free(args.metrics_port)
     check_histories(config.histories)  # every input is checked before the store is opened (or created)
     load_model_flag(config.model)
     open_store(config.store).close()  # a bad URI or an unreachable server fails before any work

@@ -40,6 +40,7 @@ import logging
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from pipelines import settings
 from pipelines.cli import flags
 from pipelines.errors import ConfigError
 
@@ -52,28 +53,19 @@ ACCEPTS_BEAM_ARGS = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pipelines.io.kafka.config import add_connection_arguments
-
-    parser.add_argument("--topic", required=True, help="topic of events")
-    parser.add_argument("--group", required=True, help="consumer group whose offsets the job commits")
+    flags.add_topic(parser, "topic of events")
+    flags.add_group(parser)
     parser.add_argument(
         "--output",
         required=True,
         metavar="DIR",
         help="folder of the job's state: flush files and dead letters (a restarted job resumes from it)",
     )
-    parser.add_argument(
-        "--from",
-        dest="start",
-        default="earliest",
-        metavar="TIME|OFFSET",
-        help="where to start when the group has no committed offset (default: %(default)s)",
-    )
-    parser.add_argument("--to-topic", metavar="TOPIC", help="also publish updated histories here (JSON per user)")
-    parser.add_argument("--dead-letter-topic", metavar="TOPIC", help="also publish dead letters here")
-    parser.add_argument("--num-shards", type=int, default=16, help="user shards = state keys (default: %(default)s)")
-    parser.add_argument("--max-history", type=int, default=4096, help="events kept per user (default: %(default)s)")
-    flags.add_duration(parser, "--flush-interval", "1s", "time between flushes of a shard")
+    flags.add_start(parser, "where to start when the group has no committed offset")
+    flags.add_topic_outputs(parser)
+    flags.add_num_shards(parser, "the state keys")
+    flags.add_max_history(parser)
+    flags.add_setting_duration(parser, settings.FLUSH_INTERVAL, "time between flushes of a shard")
     flags.add_duration(
         parser, "--idle-exit", None, "finish when no message arrived for this long; without it, run until stopped"
     )
@@ -82,14 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="MODEL_DIR",
         help="refresh representations with this model (output folder of the train command)",
     )
-    parser.add_argument(
-        "--store",
-        metavar="URI",
-        help=(
-            "online store for refreshed representations: lmdb:///path, redis://host:port/db, "
-            "redis-cluster://host:port or package.module:Class://..."
-        ),
-    )
+    flags.add_store(parser, required=False, what=" for refreshed representations")
     parser.add_argument(
         "--candidates",
         nargs="+",
@@ -98,10 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="candidate sets (CANDIDATES Parquet): also refresh each touched user's pair "
         "representations for their latest candidate set",
     )
-    flags.add_duration(
+    flags.add_setting_duration(
         parser,
-        "--candidate-ttl",
-        "1d",
+        settings.CANDIDATE_TTL,
         "a candidate set is recent if requested at most this long before the user's last event",
     )
     flags.add_device(parser, "the representation refresh")
@@ -113,10 +97,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "share the worker's cores (default: %(default)s)",
     )
     flags.add_max_future(parser)
-    parser.add_argument(
-        "--metrics-port", type=int, default=None, help="serve Prometheus metrics (lag, rates, freshness) on this port"
-    )
-    add_connection_arguments(parser)
+    flags.add_metrics_port(parser, "lag, rates, freshness")
+    flags.add_kafka_connection(parser)
     group = parser.add_argument_group(
         "runner",
         "the job runs on Beam's Prism, or with --runner FlinkRunner --flink_master HOST:8081 on Flink; "
@@ -125,18 +107,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flags.beam_flag(group, "prism_location", metavar="PATH", help="Prism binary (Beam's option; default: make prism's)")
 
 
-def run(args: argparse.Namespace) -> int:
-    import apache_beam as beam
-
-    from pipelines.io.commit import writer_lock
-    from pipelines.io.kafka.config import connection_from_args
-    from pipelines.io.kafka.ranges import Position
+def stream_config(args: argparse.Namespace, on_flink: bool) -> StreamConfig:
+    """The one place a :class:`StreamConfig` is built from parsed flags."""
     from pipelines.streaming.config import StreamConfig
-    from pipelines.streaming.job import build_stream, start_offsets
 
-    logging.getLogger("kafka").setLevel(logging.WARNING)
-    on_flink = _runner(args.beam_args) == "FlinkRunner"
-    config = StreamConfig(
+    return StreamConfig(
         topic=args.topic,
         output=args.output,
         group=args.group,
@@ -155,27 +130,46 @@ def run(args: argparse.Namespace) -> int:
         max_future_s=args.max_future,
         state="keyed" if on_flink else "worker",
     )
-    options = _flink_options(args.beam_args) if on_flink else _prism_options(args)
-    _check_output(args.output)
+
+
+def _check_inputs(config: StreamConfig) -> None:
+    """A bad store URI, an unreachable server or refused credentials, a missing or mismatched
+    checkpoint, missing or foreign candidate files: all fail before any work."""
     if config.store:
         from pipelines.store import check_store
 
-        check_store(config.store)  # a bad URI, an unreachable server or refused credentials fail before any work
+        check_store(config.store)
     if config.model:
         from pipelines.precompute.pipeline import load_model_flag
 
-        load_model_flag(config.model)  # a missing or mismatched checkpoint fails before any work
+        load_model_flag(config.model)
     if config.candidates:
         from pipelines.streaming.refresh import load_recent_candidates
 
-        load_recent_candidates(config.candidates, config.candidate_ttl_s)  # so do missing or foreign files
+        load_recent_candidates(config.candidates, config.candidate_ttl_s)
+
+
+def run(args: argparse.Namespace) -> int:
+    import apache_beam as beam
+
+    from pipelines.io.commit import writer_lock
+    from pipelines.io.kafka.config import connection_from_args
+    from pipelines.io.kafka.ranges import Position
+    from pipelines.streaming.job import build_stream, start_offsets
+    from pipelines.streaming.lag import watch_stream
+
+    logging.getLogger("kafka").setLevel(logging.WARNING)
+    on_flink = _runner(args.beam_args) == "FlinkRunner"
+    config = stream_config(args, on_flink)
+    options = _flink_options(args.beam_args) if on_flink else _prism_options(args)
+    _check_output(args.output)
+    flags.check_port_free(args.metrics_port)
+    _check_inputs(config)
     connection = connection_from_args(args)
     starts, commits = start_offsets(connection, args.topic, args.group, Position.parse(args.start, "--from"))
     logging.getLogger(__name__).info(
         "stream: %s from %s", args.topic, ", ".join(f"{s.partition}@{s.start}" for s in starts)
     )
-    from pipelines.streaming.lag import watch_stream
-
     stop_watching = watch_stream(connection, args.topic, args.group, args.metrics_port)
     try:
         with writer_lock(args.output):  # one job per --output; a dead one frees it

@@ -100,7 +100,6 @@ def _check(args: argparse.Namespace) -> None:
     for name in (
         "epochs",
         "batch-size",
-        "learning-rate",
         "max-len",
         "layers",
         "d-model",
@@ -112,6 +111,9 @@ def _check(args: argparse.Namespace) -> None:
         _positive(args, name, allow_zero=True)
     if args.d_model % 4:
         raise ConfigError("--d-model", f"{args.d_model} is not a multiple of 4 heads", "pass e.g. 32, 64 or 128")
+
+
+def _check_paths(args: argparse.Namespace) -> None:
     from pipelines.io.snapshot import open_snapshot
 
     # an uncommitted or damaged snapshot fails before any work (sizes here; training checks the CRCs)
@@ -128,15 +130,13 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    _check(args)
     import torch
 
     from pipelines.model.checkpoint import resolve_device
     from pipelines.model.config import GemConfig
     from pipelines.model.train.loop import TrainConfig, train_model
 
-    resolve_device(args.device)  # a missing CUDA fails here, before any work
-    torch.set_num_threads(args.threads)
+    _check(args)
     model_config = GemConfig(
         d_model=args.d_model,
         num_layers=args.layers,
@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
         component_skip=not args.no_component_skip,
         esmm=not args.no_esmm,
     )
-    tc = TrainConfig(
+    tc = TrainConfig(  # validates every training flag before anything is read or created
         epochs=args.epochs,
         batch_size=args.batch_size,
         learning_rate=args.learning_rate,
@@ -159,6 +159,9 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         compare_skip=args.compare_skip,
     )
+    _check_paths(args)
+    resolve_device(args.device)  # a missing CUDA fails here, before any work
+    torch.set_num_threads(args.threads)
     metrics = train_model(args.features, args.output, model_config, tc)
     summary = {
         part: {task: {k: metrics[part][task][k] for k in ("auc", "ne")} for task in ("click", "conversion")}

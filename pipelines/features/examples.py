@@ -9,16 +9,16 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from pipelines.durations import DAY_MS, MINUTE_MS
 from pipelines.schemas.enums import CLICK, CONVERSION_CODES, IMPRESSION
+from pipelines.settings import CLICK_WINDOW, CONVERSION_WINDOW
 
 
 @dataclass(frozen=True)
 class LabelWindows:
     """How long after an impression a click / a conversion on the same item counts."""
 
-    click_ms: int = 30 * MINUTE_MS
-    conversion_ms: int = 7 * DAY_MS
+    click_ms: int = CLICK_WINDOW.ms
+    conversion_ms: int = CONVERSION_WINDOW.ms
 
     def __post_init__(self) -> None:
         if self.click_ms <= 0 or self.conversion_ms <= 0:

@@ -22,8 +22,8 @@ from pipelines.features.examples import LabelWindows, training_examples
 from pipelines.io.parquet import conform
 from pipelines.schemas.enums import EVENT_TYPES, SURFACES
 from pipelines.schemas.layouts import EVENT, HISTORY, HISTORY_EVENT, TRAINING_EXAMPLE
+from pipelines.settings import MAX_HISTORY
 
-DEFAULT_MAX_HISTORY = 4096
 _EVENT_FIELDS = [f.name for f in HISTORY_EVENT]
 _SORT = ["user_id", "event_time", "event_id"]
 
@@ -101,7 +101,7 @@ def build_histories(
     events: pa.Table,
     previous: pa.Table | None = None,
     *,
-    max_history: int = DEFAULT_MAX_HISTORY,
+    max_history: int = MAX_HISTORY.default,
     watermark_ms: int | None = None,
     windows: LabelWindows | None = None,
 ) -> HistoryBuild:
@@ -110,8 +110,7 @@ def build_histories(
     ``watermark_ms`` is the event time up to which this snapshot is complete (by
     default the newest event time seen); it only ever moves forward.
     """
-    if max_history < 1:
-        raise ValueError(f"max_history must be >= 1, got {max_history}")
+    MAX_HISTORY.check(max_history)
     new = _frame(events.select(EVENT.schema.names).cast(EVENT.schema)).sort(_SORT)
     unique = new.unique(subset="event_id", keep="first", maintain_order=True)
     prev = _frame(previous if previous is not None else HISTORY.schema.empty_table())

@@ -16,10 +16,8 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines.durations import DAY_MS
 from pipelines.errors import ConfigError
 from pipelines.features.examples import LabelWindows
-from pipelines.features.histories import DEFAULT_MAX_HISTORY
 from pipelines.features.parse import MAX_TIME_MS
 from pipelines.features.sources import ReadEvents
 from pipelines.features.transforms import BuildHistories
@@ -29,10 +27,10 @@ from pipelines.io.snapshot import COUNTS, DEAD, EVENTS, HISTORIES, open_snapshot
 from pipelines.io.summary import Balance, sum_counts
 from pipelines.io.transforms import WriteDeadLetters, WriteSummary
 from pipelines.schemas.layouts import HISTORY
+from pipelines.settings import MAX_FUTURE, MAX_HISTORY, NUM_SHARDS
 
 log = logging.getLogger(__name__)
 
-MAX_HISTORY_LIMIT = 1 << 20
 WRITER = "python -m pipelines features"
 #: Records in = valid + duplicates (within the run and against --previous) + dead letters.
 RECORDS = Balance("record", "records_in", ("events_valid", "duplicates", "duplicates_previous", "dead_letters"))
@@ -47,12 +45,12 @@ class FeaturesConfig:
     inputs: Sequence[str]
     output: str
     previous: str | None = None
-    max_history: int = DEFAULT_MAX_HISTORY
-    num_shards: int = 16
+    max_history: int = MAX_HISTORY.default
+    num_shards: int = NUM_SHARDS.default
     windows: LabelWindows = field(default_factory=LabelWindows)
     overwrite: bool = False
     #: Events later than the run's clock plus this become ``future_time`` dead letters.
-    max_future_ms: int = DAY_MS
+    max_future_ms: int = MAX_FUTURE.ms
     #: With it, a file that cannot be read is recorded (summary, dead letter) instead of failing the run.
     skip_bad_files: bool = False
     #: The run's clock (seconds since the epoch); injectable for tests.
@@ -61,10 +59,8 @@ class FeaturesConfig:
     def __post_init__(self) -> None:
         if not self.inputs:
             raise ConfigError("--input", "no input given", "pass one or more files or globs")
-        if not 1 <= self.max_history <= MAX_HISTORY_LIMIT:
-            raise ConfigError("--max-history", f"got {self.max_history}", f"pass 1..{MAX_HISTORY_LIMIT}")
-        if not 1 <= self.num_shards <= 4096:
-            raise ConfigError("--num-shards", f"got {self.num_shards}", "pass 1..4096")
+        MAX_HISTORY.check(self.max_history)
+        NUM_SHARDS.check(self.num_shards)
         if self.previous and self.previous.rstrip("/") == self.output.rstrip("/"):
             raise ConfigError("--previous", "is the same folder as --output", "write the new snapshot to a new folder")
         if self.max_future_ms < 0:

@@ -21,6 +21,7 @@ from pipelines.io.shards import shard_path, split_by_shard
 from pipelines.io.snapshot import HISTORIES, TRAINING_EXAMPLES
 from pipelines.io.transforms import GroupByShard
 from pipelines.schemas.layouts import EVENT, HISTORY, TRAINING_EXAMPLE, Layout
+from pipelines.settings import MAX_HISTORY, NUM_SHARDS
 
 __all__ = ["BuildHistories"]
 
@@ -104,15 +105,13 @@ class BuildHistories(beam.PTransform):
         counts: beam.pvalue.AsSingleton,
         *,
         previous: Sequence[str] = (),
-        num_shards: int = 16,
-        max_history: int = 4096,
+        num_shards: int = NUM_SHARDS.default,
+        max_history: int = MAX_HISTORY.default,
         windows: LabelWindows | None = None,
     ) -> None:
         super().__init__()
-        if num_shards < 1:
-            raise ValueError(f"num_shards must be >= 1, got {num_shards}")
-        if max_history < 1:
-            raise ValueError(f"max_history must be >= 1, got {max_history}")
+        NUM_SHARDS.check(num_shards)
+        MAX_HISTORY.check(max_history)
         self._output, self._counts, self._previous = output, counts, list(previous)
         self._num_shards, self._max_history = num_shards, max_history
         self._windows = windows or LabelWindows()

@@ -36,6 +36,7 @@ from pipelines.precompute.transforms import (
     WriteRepresentations,
 )
 from pipelines.redact import redact
+from pipelines.schemas.layouts import CANDIDATES
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +192,30 @@ def build_precompute(
     _ = tuple(counts) | "AllCounts" >> beam.Flatten() | "WriteSummary" >> WriteSummary(root, extra)
 
 
+def check_candidate_files(paths: Sequence[str]) -> None:
+    """Refuse, before any work, a ``--candidates`` file that is not CANDIDATES Parquet (a histories or
+    events file given by mistake): its missing columns are named."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    required = [f.name for f in CANDIDATES.schema if not f.nullable]
+    for path in paths:
+        try:
+            with FileSystems.open(path) as source:
+                names = pq.read_schema(source).names
+        except (OSError, pa.ArrowException) as exc:
+            raise ConfigError(
+                "--candidates", f"{path} is not a Parquet file ({exc})", "pass the candidates file of `generate`"
+            ) from exc
+        missing = [name for name in required if name not in names]
+        if missing:
+            raise ConfigError(
+                "--candidates",
+                f"{path} has no column(s) {', '.join(missing)}: it is not a candidates file",
+                "pass the --candidates Parquet of `generate` (CANDIDATES layout: request_id, user_id, ad_ids, ...)",
+            )
+
+
 def run_precompute(
     config: PrecomputeConfig,
     options: PipelineOptions,
@@ -199,7 +224,9 @@ def run_precompute(
 ) -> dict:
     """Validate, run, and return the summary (also written to ``<output>/summary.json``)."""
     resolved = _resolve(config)
-    splits = splits_of(expand_inputs(config.candidates, "--candidates"))
+    paths = expand_inputs(config.candidates, "--candidates")
+    check_candidate_files(paths)
+    splits = splits_of(paths)
     computed_at_ms = int(clock() * 1000)
     return run_stage(
         config.output,
@@ -212,4 +239,4 @@ def run_precompute(
     )
 
 
-__all__ = ["PrecomputeConfig", "build_precompute", "run_precompute"]
+__all__ = ["PrecomputeConfig", "build_precompute", "check_candidate_files", "run_precompute"]

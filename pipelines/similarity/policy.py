@@ -22,6 +22,7 @@ from typing import Literal
 import numpy as np
 
 from pipelines.errors import ConfigError
+from pipelines.settings import FALLBACK_MAX_AGE, MAX_AGE
 
 __all__ = ["PATHS", "FallbackPath", "NeighborBlend", "ResolverConfig", "blend_neighbors", "pick_paths"]
 
@@ -51,8 +52,8 @@ class ResolverConfig:
     Both give the same answers.
     """
 
-    max_age_s: float = 3_600.0
-    fallback_max_age_s: float = 7 * 86_400.0
+    max_age_s: float = MAX_AGE.seconds
+    fallback_max_age_s: float = FALLBACK_MAX_AGE.seconds
     k: int = 10
     min_neighbors: int = 1
     paths: tuple[str, ...] = FALLBACKS

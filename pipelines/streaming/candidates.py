@@ -39,6 +39,7 @@ from pipelines.errors import ConfigError
 from pipelines.io.kafka.candidate_sets import decode_candidate_sets
 from pipelines.io.kafka.config import KafkaConnection
 from pipelines.schemas.enums import FUNNEL_STAGE_CODE, FUNNEL_STAGES
+from pipelines.settings import PAIR_MAX_AGE
 from pipelines.streaming.metrics import JobMetrics
 from pipelines.streaming.pair_work import CandidateWork, WorkQueue, pair_keys, plan_pairs, split_by_deadline
 from pipelines.streaming.state import OffsetLedger
@@ -65,7 +66,7 @@ class CandidatesConfig:
     batch_requests: int = 8
     queue_size: int = 2_000
     deadline_grace_s: float = 0.0
-    pair_max_age_s: float = 3_600.0
+    pair_max_age_s: float = PAIR_MAX_AGE.seconds
     idle_exit_s: float | None = None
     history_refresh_s: float = 0.25
     device: str = "cpu"

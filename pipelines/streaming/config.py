@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipelines.errors import ConfigError
+from pipelines.settings import CANDIDATE_TTL, FLUSH_INTERVAL, MAX_FUTURE, MAX_HISTORY, NUM_SHARDS
 
 __all__ = ["StreamConfig"]
 
@@ -18,9 +19,9 @@ class StreamConfig:
     topic: str
     output: str
     group: str
-    num_shards: int = 16
-    max_history: int = 4096
-    flush_interval_s: float = 1.0
+    num_shards: int = NUM_SHARDS.default
+    max_history: int = MAX_HISTORY.default
+    flush_interval_s: float = FLUSH_INTERVAL.seconds
     idle_exit_s: float | None = None
     redeliver_after_s: float = 15.0
     histories_topic: str | None = None
@@ -28,11 +29,11 @@ class StreamConfig:
     model: str | None = None
     store: str | None = None
     candidates: tuple[str, ...] = ()
-    candidate_ttl_s: float = 86_400.0
+    candidate_ttl_s: float = CANDIDATE_TTL.seconds
     device: str = "auto"
     torch_threads: int = 1
     #: Events later than the job's clock plus this become ``future_time`` dead letters.
-    max_future_s: float = 86_400.0
+    max_future_s: float = MAX_FUTURE.seconds
     #: Where histories live between flushes: ``worker`` (flush files + the worker's memory, for Prism)
     #: or ``keyed`` (Beam keyed state checkpointed by the runner, offsets committed when a checkpoint
     #: completes: Flink).
@@ -50,10 +51,8 @@ class StreamConfig:
     def __post_init__(self) -> None:
         if not self.topic or not self.group:
             raise ConfigError("--group", "a topic and a consumer group are needed", "pass --topic and --group")
-        if not 1 <= self.num_shards <= 4096:
-            raise ConfigError("--num-shards", f"got {self.num_shards}", "pass 1..4096")
-        if self.max_history < 1:
-            raise ConfigError("--max-history", f"got {self.max_history}", "pass a value >= 1")
+        NUM_SHARDS.check(self.num_shards)
+        MAX_HISTORY.check(self.max_history)
         if not 0.01 <= self.flush_interval_s <= 3600:
             raise ConfigError("--flush-interval", f"got {self.flush_interval_s}", "pass 0.01..3600 seconds")
         if self.idle_exit_s is not None and self.idle_exit_s <= 0:
@@ -70,8 +69,8 @@ class StreamConfig:
                 "candidate sets are only read to refresh pair representations",
                 "pass --model and --store too, or drop --candidates",
             )
-        if self.candidate_ttl_s <= 0:
-            raise ConfigError("--candidate-ttl", f"got {self.candidate_ttl_s}", "pass a positive number of seconds")
+        CANDIDATE_TTL.check(self.candidate_ttl_s)
+        MAX_FUTURE.check(self.max_future_s)
         if self.torch_threads < 1:
             raise ConfigError("--torch-threads", f"got {self.torch_threads}", "pass 1 or more")
         if self.state not in ("worker", "keyed"):

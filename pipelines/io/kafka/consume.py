@@ -481,15 +481,56 @@ class KafkaPythonLookup:
         self._consumer.close()
 
 
+class _AuthFailures(logging.Handler):
+    """Remembers a SASL authentication failure that kafka-python logs (and retries) while it
+    bootstraps; its bootstrap error then only says that it timed out."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.seen: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if "SaslAuthenticationFailed" in text or "Authentication failed" in text:
+            self.seen = text
+
+
+def _listening(connection: KafkaConnection, timeout_s: float = 3.0) -> bool:
+    """Whether some bootstrap server accepts a TCP connection."""
+    import socket
+
+    for server in connection.bootstrap_servers:
+        host, _, port = server.rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def open_lookup(connection: KafkaConnection) -> KafkaPythonLookup:
-    """An offset lookup; fails with a hint when the cluster cannot be reached."""
+    """An offset lookup; fails with a hint when the cluster cannot be reached or refuses the credentials."""
     from kafka.errors import KafkaError
 
+    watch, kafka_log = _AuthFailures(), logging.getLogger("kafka")
+    kafka_log.addHandler(watch)
     try:
         return KafkaPythonLookup(connection)
     except KafkaError as exc:
+        if watch.seen or "Authentication" in str(exc) or (connection.sasl_mechanism and _listening(connection)):
+            # the broker's port answers but no SASL login completed: the broker closes a connection
+            # whose credentials it refused, often before kafka-python reads the refusal itself
+            raise ConfigError(
+                "--sasl-username",
+                f"Kafka at {connection.bootstrap} is reachable but refused the SASL {connection.sasl_mechanism} "
+                f"login of {connection.sasl_username!r} (authentication failed)",
+                "check --sasl-username, the password (GEM_KAFKA_SASL_PASSWORD or --sasl-password) and --sasl-mechanism",
+            ) from exc
         raise ConfigError(
             "--bootstrap-servers",
             f"cannot reach Kafka at {connection.bootstrap} ({exc})",
             "start the project's broker with make kafka-up, or point at a running cluster",
         ) from exc
+    finally:
+        kafka_log.removeHandler(watch)

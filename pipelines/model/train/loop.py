@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from pipelines.errors import ConfigError
 from pipelines.model.checkpoint import resolve_device, save_checkpoint
 from pipelines.model.config import GemConfig
 from pipelines.model.gem import GemModel, autocast_for
@@ -69,12 +70,16 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"TrainConfig.{name} must be >= 1 or None, got {value}")
-        if not (self.learning_rate > 0 and self.holdout_days > 0):
-            raise ValueError("TrainConfig.learning_rate and holdout_days must be positive")
-        if self.interest_weight < 0 or (self.positive_share is not None and not 0 < self.positive_share < 1):
-            raise ValueError(
-                f"TrainConfig.interest_weight must be >= 0 (got {self.interest_weight}) and "
-                f"positive_share in (0, 1) or None (got {self.positive_share})"
+        # ``not x > 0`` also refuses NaN; the errors name the train command's flags
+        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
+            raise ConfigError("--learning-rate", f"got {self.learning_rate}", "pass a positive number such as 3e-3")
+        if not (self.holdout_days > 0 and math.isfinite(self.holdout_days)):
+            raise ConfigError("--holdout", f"got {self.holdout_days} days", "pass a positive duration such as 1d")
+        if not (self.interest_weight >= 0 and math.isfinite(self.interest_weight)):
+            raise ConfigError("--interest-weight", f"got {self.interest_weight}", "pass a number >= 0")
+        if self.positive_share is not None and not 0 < self.positive_share < 1:
+            raise ConfigError(
+                "--positive-share", f"got {self.positive_share}", "pass a share between 0 and 1, or 0 for uniform"
             )
 
 
