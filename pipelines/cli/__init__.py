@@ -125,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # the known failure classes end in one line; anything else is a bug
-        message = failures.explain(exc, written=_written(args), ports=_ports(args))
+        message = failures.explain(exc, written=_written(args), stores=_stores(args), ports=_ports(args))
         if message is None:
             raise
         print(f"error: {message}", file=sys.stderr)
@@ -135,10 +135,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _written(args: argparse.Namespace) -> list[str]:
     """What the command writes, named when a failure does not carry its file name."""
     paths = [getattr(args, name, None) for name in ("output", "dead_letters", "plot", "html")]
+    return [p for p in paths if isinstance(p, str) and p]
+
+
+def _stores(args: argparse.Namespace) -> list[str]:
+    """The folder of an LMDB ``--store`` (LMDB's own errors carry no file name)."""
     store = getattr(args, "store", None)
     if isinstance(store, str) and store.startswith("lmdb://"):
-        paths.append(store.removeprefix("lmdb://").split("?")[0])
-    return [p for p in paths if isinstance(p, str) and p]
+        return [store.removeprefix("lmdb://").split("?")[0]]
+    return []
 
 
 def _ports(args: argparse.Namespace) -> list[int]:

@@ -18,7 +18,8 @@ from pathlib import Path
 __all__ = ["device_of", "explain", "is_known"]
 
 _NO_SPACE = re.compile(r"No space left on device|\[Errno 28\]|MDB_MAP_FULL|MapFullError|mdb_\w+: Input/output error")
-_DENIED = re.compile(r"\[Errno 13\] Permission denied|\[Errno 30\] Read-only file system")
+_LMDB = re.compile(r"MDB_MAP_FULL|MapFullError|mdb_\w+:")
+_DENIED = re.compile(r"\[Errno 13\] Permission denied")
 _SASL = re.compile(r"SaslAuthenticationFailed|Authentication failed", re.IGNORECASE)
 _NO_BROKER = re.compile(r"NoBrokersAvailable|Unable to bootstrap from")
 
@@ -77,20 +78,27 @@ def _text(exc: BaseException) -> str:
     return "\n".join(f"{type(one).__name__}: {one}" for one in _chain(exc))
 
 
-def explain(exc: BaseException, *, written: Sequence[str] = (), ports: Sequence[int] = ()) -> str | None:
+def explain(
+    exc: BaseException, *, written: Sequence[str] = (), stores: Sequence[str] = (), ports: Sequence[int] = ()
+) -> str | None:
     """The ``... Fix: ...`` message for a known failure class, else None.
 
-    ``written``: the paths the command writes (its --output, a store's folder), named when the
-    exception does not carry a file name; ``ports``: the ports it listens on.
+    ``written``: the paths the command writes (its --output), named when the exception does not
+    carry a file name; ``stores``: its LMDB stores' folders (named for an LMDB error); ``ports``:
+    the ports it listens on.
     """
     code, text = _errno(exc), _text(exc)
     if code == errno.ENOSPC or _NO_SPACE.search(text):
-        path = _path(exc, written) or "its output"
+        lmdb = _LMDB.search(text) is not None
+        path = _path(exc, [*stores, *written] if lmdb else [*written, *stores]) or "its output"
         return (
             f"no space left on {device_of(path)} writing {path}. Fix: free space there (or write to a "
             "filesystem with room) and run again; earlier snapshots and stores are left as they were"
         )
-    if code in (errno.EACCES, errno.EPERM, errno.EROFS) or _DENIED.search(text):
+    if code == errno.EROFS or "Read-only file system" in text:
+        path = _path(exc, written) or "its output"
+        return f"read-only file system {device_of(path)} writing {path}. Fix: write to a writable location"
+    if code in (errno.EACCES, errno.EPERM) or _DENIED.search(text):
         path = _path(exc, written) or "a file"
         return f"permission denied on {path}. Fix: pick a location you can write (or fix its owner and mode)"
     if code == errno.EADDRINUSE:

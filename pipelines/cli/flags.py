@@ -85,10 +85,11 @@ def in_range(setting: settings.Range, kind: Callable[[str], Any] = int) -> Calla
 
 
 def add_bounded(parser: Any, setting: settings.Bounded, help: str) -> None:
-    """An integer flag whose name, default and bounds come from :mod:`pipelines.settings`."""
+    """An integer flag whose name, default and bounds come from :mod:`pipelines.settings`; the config
+    it reaches checks the bounds (one check, the same message from the CLI and from code)."""
     parser.add_argument(
         setting.flag,
-        type=in_range(setting),
+        type=int,
         default=setting.default,
         metavar="N",
         help=f"{help} ({setting.low}..{setting.high}; default: %(default)s)",

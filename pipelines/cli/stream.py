@@ -161,9 +161,9 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("kafka").setLevel(logging.WARNING)
     on_flink = _runner(args.beam_args) == "FlinkRunner"
     config = stream_config(args, on_flink)
+    flags.check_port_free(args.metrics_port)
     options = _flink_options(args.beam_args) if on_flink else _prism_options(args)
     _check_output(args.output)
-    flags.check_port_free(args.metrics_port)
     _check_inputs(config)
     connection = connection_from_args(args)
     starts, commits = start_offsets(connection, args.topic, args.group, Position.parse(args.start, "--from"))

@@ -148,5 +148,5 @@ def _ms(value) -> int:
 
 
 def test_max_history_must_be_positive() -> None:
-    with pytest.raises(ValueError, match="max_history"):
+    with pytest.raises(ValueError, match="--max-history"):
         build_histories(events_table([]), max_history=0)

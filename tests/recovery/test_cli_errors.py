@@ -1,0 +1,178 @@
+"""Errors instead of tracebacks (issue 29, item 10): each case ended in a traceback (or a wrong exit 0)
+before; now flags are checked before work and the CLI's top-level handler turns the known failure
+classes into one ``error: ... Fix: ...`` line with exit 2."""
+
+from __future__ import annotations
+
+import errno
+import re
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pipelines.cli import main
+from pipelines.cli.failures import explain
+from pipelines.io.kafka.config import KafkaConnection
+from tests.fixtures.kafka import SASL_USER
+from tests.recovery.conftest import World
+from tests.recovery.crash import record, refused, short
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def usage_refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """A flag refused by the parser: exit 2 and the fix, before any work."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2, argv
+    err = capsys.readouterr().err
+    assert "Fix:" in err and "Traceback" not in err, err
+    return err.strip().splitlines()[-1]
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        yield holder.getsockname()[1]
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_train_learning_rate_nan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "model"
+    err = refused(["train", "--features", str(tmp_path), "--output", str(out), "--learning-rate", "nan"], capsys)
+    assert err.startswith("error: --learning-rate: got nan") and not out.exists()
+    record("train --learning-rate nan", short(err))
+
+
+def test_train_positive_share_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "model"
+    err = refused(["train", "--features", str(tmp_path), "--output", str(out), "--positive-share", "2"], capsys)
+    assert err.startswith("error: --positive-share: got 2.0") and not out.exists()
+    record("train --positive-share 2", short(err))
+
+
+SOLARIS = ["solaris", "--topic", "t", "--group", "g", "--histories", "h", "--model", "m", "--store", "lmdb:///s"]
+STREAM = ["stream", "--topic", "t", "--group", "g", "--output", "o"]
+
+
+@pytest.mark.parametrize("port", ["-1", "70000", "99999", "http"])
+@pytest.mark.parametrize("command", [SOLARIS, STREAM], ids=["solaris", "stream"])
+def test_metrics_port_out_of_range(command: list[str], port: str, capsys: pytest.CaptureFixture[str]) -> None:
+    err = usage_refused([*command, "--metrics-port", port], capsys)
+    assert "--metrics-port" in err and "1..65535" in err
+    record(f"{command[0]} --metrics-port {port}", short(err))
+
+
+@pytest.mark.parametrize("command", [SOLARIS, STREAM], ids=["solaris", "stream"])
+def test_metrics_port_in_use(
+    command: list[str], busy_port: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Refused before any input is read or any store opened (the store's folder is never created)."""
+    argv = [a.replace("lmdb:///s", f"lmdb://{tmp_path}/store") for a in command]
+    if command is STREAM:
+        argv[-1] = str(tmp_path / "out")  # its --output
+    err = refused([*argv, "--metrics-port", str(busy_port)], capsys)
+    assert f"port {busy_port} is in use" in err and not (tmp_path / "store").exists()
+    record(f"{command[0]} --metrics-port (in use)", short(err))
+
+
+@pytest.mark.integration
+def test_precompute_candidates_given_a_histories_file(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    histories = sorted((world.features / "histories").rglob("*.parquet"))[0]
+    argv = ["precompute", "--features", str(world.features), "--candidates", str(histories)]
+    err = refused([*argv, "--model", str(world.model), "--output", str(tmp_path / "r"), "--device", "cpu"], capsys)
+    assert "--candidates" in err and "ad_ids" in err and not (tmp_path / "r").exists()
+    record("precompute --candidates <a histories file>", short(err))
+
+
+def test_inspect_etc_passwd(capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused(["inspect", "/etc/passwd"], capsys)
+    assert "not a Parquet file" in err
+    record("inspect /etc/passwd", short(err))
+
+
+@pytest.mark.integration
+def test_produce_num_partitions_100000(
+    kafka: KafkaConnection, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    events = tmp_path / "e.jsonl"
+    events.write_text('{"event_id": "a", "user_id": 1}\n')
+    topic = f"test-partitions-{uuid.uuid4().hex[:12]}"
+    argv = ["produce", "--input", str(events), "--topic", topic, "--bootstrap-servers", kafka.bootstrap]
+    err = refused([*argv, "--num-partitions", "100000", "--no-progress"], capsys)
+    assert err.startswith("error: --num-partitions: the cluster refused")
+    record("produce --num-partitions 100000", short(err))
+
+
+@pytest.mark.integration
+def test_produce_with_a_wrong_sasl_password_is_an_auth_failure(
+    kafka_sasl: KafkaConnection, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events = tmp_path / "e.jsonl"
+    events.write_text('{"event_id": "a", "user_id": 1}\n')
+    monkeypatch.setenv("GEM_KAFKA_SASL_PASSWORD", "not-the-password")
+    sasl = ["--security-protocol", "SASL_PLAINTEXT", "--sasl-mechanism", "PLAIN", "--sasl-username", SASL_USER]
+    argv = ["produce", "--input", str(events), "--topic", "unused", "--bootstrap-servers", kafka_sasl.bootstrap]
+    err = refused([*argv, *sasl], capsys)
+    assert "authentication failed" in err and "cannot reach" not in err and "not-the-password" not in err
+    record("produce with a wrong SASL password", short(err))
+
+
+def test_replay_from_latest_to_earliest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused before Kafka is asked (it read 0 messages and exited 0)."""
+    argv = ["replay", "--topic", "t", "--bootstrap-servers", f"127.0.0.1:{_closed_port()}"]
+    err = refused([*argv, "--from", "latest", "--to", "earliest", "--output", str(tmp_path / "o")], capsys)
+    assert err.startswith("error: --to: --from latest --to earliest ends before it starts")
+    record("replay --from latest --to earliest", short(err))
+
+
+def test_bench_solaris_without_a_broker(capsys: pytest.CaptureFixture[str]) -> None:
+    """`make bench B=solaris` with no broker: the bench's first call names `make kafka-up`."""
+    from bench.common import kafka_connection
+
+    with pytest.raises(SystemExit) as exited:
+        kafka_connection(f"127.0.0.1:{_closed_port()}")
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "make kafka-up" in err and "Fix:" in err
+    record("make bench B=solaris (no broker)", short(err.strip()))
+
+
+def test_the_docs_deadline_grace_examples_parse() -> None:
+    """Every `--deadline-grace X` in the README and the docs is a value the flag takes (1e10 was not)."""
+    from pipelines.cli.flags import duration
+
+    texts = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    values = [m for path in texts if path.exists() for m in re.findall(r"--deadline-grace[ =](\S+)", path.read_text())]
+    for value in values:
+        assert duration(value.strip("`'\",)")) > 0, value
+    with pytest.raises(Exception, match="not a duration"):
+        duration("1e10")
+
+
+def test_the_handler_names_each_known_failure_class() -> None:
+    """Unit level: the classes as Beam hands them over (the original, or its text inside another)."""
+    full = OSError(errno.ENOSPC, "No space left on device", "/data/out/part-0.parquet")
+    message = str(explain(full))
+    assert message.startswith("no space left on ") and "writing /data/out/part-0.parquet. Fix:" in message
+    wrapped = RuntimeError("step failed: OSError: [Errno 28] No space left on device")
+    assert "writing /data/out. Fix:" in str(explain(wrapped, written=["/data/out"]))
+    lmdb_full = Exception("mdb_txn_commit: Input/output error")
+    assert str(explain(lmdb_full, written=["/data/store"])).startswith("no space left on ")
+    denied = PermissionError(errno.EACCES, "Permission denied", "/root/x")
+    assert str(explain(denied)).startswith("permission denied on /root/x. Fix:")
+    in_use = OSError(errno.EADDRINUSE, "Address already in use")
+    assert "Fix: pick a free port" in str(explain(in_use, ports=[9000]))
+    assert explain(KeyError("a bug keeps its traceback")) is None
