@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS: list[set[str]] = [
     {"pipelines.schemas", "pipelines", "pipelines.errors", "pipelines.lazy", "pipelines.durations", "pipelines.redact"},
     {"pipelines.settings"},
-    {"pipelines.optional", "pipelines.jobservers", "pipelines.dataflow_job"},
+    {"pipelines.optional", "pipelines.jobservers", "pipelines.dataflow_job", "pipelines.harness_logs"},
     {"pipelines.io", "pipelines.runners"},
     {"pipelines.features", "pipelines.generator", "pipelines.model", "pipelines.store", "pipelines.inspect"},
     {"pipelines.precompute"},

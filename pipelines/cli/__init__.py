@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from pipelines import redact
+from pipelines import harness_logs, redact
 from pipelines.cli import failures
 from pipelines.errors import PipelinesError
 
@@ -112,6 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in ("", "apache_beam.io.gcp.bigquery"):
         logging.getLogger(name).addFilter(_QuietOptionalGcp())
     logging.getLogger("apache_beam.runners.common").addFilter(_NoTracebackForOwnErrors())
+    harness_logs.install()  # a LOOPBACK job's end is no traceback
     parser = build_parser(argv)
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args._module, "ACCEPTS_BEAM_ARGS", False):

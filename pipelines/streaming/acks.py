@@ -28,7 +28,7 @@ from pipelines.io.kafka.config import KafkaConnection
 from pipelines.streaming.config import StreamConfig
 from pipelines.streaming.state import OffsetLedger, path_lock
 
-__all__ = ["CommitOffsetsFn", "WriteDeadLettersFn", "open_sink"]
+__all__ = ["CommitOffsetsFn", "CommitOnCheckpointFn", "WriteDeadLettersFn", "open_sink"]
 
 log = logging.getLogger(__name__)
 
@@ -96,21 +96,18 @@ class CommitOffsetsFn(beam.DoFn):
     every ``COMMIT_INTERVAL_S`` (the reader's empty acknowledgements keep this
     going on a quiet topic), and once more when the input ends.
 
-    With ``on_checkpoint`` (keyed state on a checkpointing runner) nothing is committed
-    in the bundle: the bundle registers a finalization callback that commits the
-    ledger's ``next`` as of the bundle, and the runner calls it only once a checkpoint
-    that covers the bundle has completed (Flink: ``notifyCheckpointComplete``). So a
-    committed offset is both flushed to the files and covered by the runner's state:
-    a restore from the last checkpoint never sits behind the group's offsets.
+    This DoFn takes no bundle finalizer: a DoFn that does makes Prism send a
+    FinalizeBundle request after every bundle of its stage, and the SDK answers one
+    for a bundle that registered no callback with a logged ``RuntimeError: Bundle is
+    not in a finalizable state`` (dozens per run). Only :class:`CommitOnCheckpointFn`
+    asks for finalization, where it is used.
     """
 
     COMMIT_INTERVAL_S = 0.5
+    COMMITS_AT_END = True
 
-    def __init__(
-        self, connection: KafkaConnection, config: StreamConfig, starts: dict[int, int], *, on_checkpoint: bool = False
-    ) -> None:
+    def __init__(self, connection: KafkaConnection, config: StreamConfig, starts: dict[int, int]) -> None:
         self._connection, self._config, self._starts = connection, config, dict(starts)
-        self._on_checkpoint = on_checkpoint
 
     def setup(self) -> None:
         from kafka import KafkaConsumer
@@ -120,29 +117,25 @@ class CommitOffsetsFn(beam.DoFn):
         )
         self._registered: dict[int, int] = {}  # partition -> the offset a pending finalization commits
 
-    def process(
-        self,
-        element: tuple[int, np.ndarray],
-        ledger: Any = LEDGER,
-        end: Any = COMMIT_AT_END,
-        finalizer: Any = beam.DoFn.BundleFinalizerParam,
-    ) -> None:
+    def process(self, element: tuple[int, np.ndarray], ledger: Any = LEDGER, end: Any = COMMIT_AT_END) -> None:
+        partition, book = self._add(element, ledger, end)
+        if time.monotonic() - book.at >= self.COMMIT_INTERVAL_S:
+            self._commit(partition, book)
+        ledger.write(book)
+
+    def _add(self, element: tuple[int, np.ndarray], ledger: Any, end: Any) -> tuple[int, _Commits]:
         partition, offsets = element
         book = ledger.read()
         if book is None:
             book = _Commits(OffsetLedger(self._starts[partition]))
             end.set(GlobalWindow().max_timestamp())
         book.ledger.add(offsets)
-        if self._on_checkpoint:
-            self._commit_when_checkpointed(partition, book.ledger.next, finalizer)
-        elif time.monotonic() - book.at >= self.COMMIT_INTERVAL_S:
-            self._commit(partition, book)
-        ledger.write(book)
+        return partition, book
 
     @on_timer(_COMMIT_AT_END)
     def on_end(self, partition: Any = KEY, ledger: Any = LEDGER) -> None:
         book = ledger.read()
-        if book is not None and not self._on_checkpoint:  # on_checkpoint: the reader waits for its commits
+        if book is not None and self.COMMITS_AT_END:
             self._commit(partition, book)
             ledger.write(book)
 
@@ -150,17 +143,6 @@ class CommitOffsetsFn(beam.DoFn):
         book.at = time.monotonic()
         if book.ledger.next > book.committed and self._send(partition, book.ledger.next):
             book.committed = book.ledger.next
-
-    def _commit_when_checkpointed(self, partition: int, offset: int, finalizer: Any) -> None:
-        if offset <= self._registered.get(partition, -1):
-            return
-        self._registered[partition] = offset
-
-        def commit() -> None:
-            if not self._send(partition, offset):  # the next acknowledgement or tick registers again
-                self._registered.pop(partition, None)
-
-        finalizer.register(commit)
 
     def _send(self, partition: int, offset: int) -> bool:
         from kafka import TopicPartition
@@ -177,6 +159,43 @@ class CommitOffsetsFn(beam.DoFn):
 
     def teardown(self) -> None:
         self._consumer.close()
+
+
+class CommitOnCheckpointFn(CommitOffsetsFn):
+    """:class:`CommitOffsetsFn` for keyed state on a checkpointing runner (Flink).
+
+    Nothing is committed in the bundle: the bundle registers a finalization callback
+    that commits the ledger's ``next`` as of the bundle, and the runner calls it only
+    once a checkpoint that covers the bundle has completed (Flink:
+    ``notifyCheckpointComplete``). So a committed offset is both flushed to the files and
+    covered by the runner's state: a restore from the last checkpoint never sits behind
+    the group's offsets.
+    """
+
+    #: The reader waits for the commits that checkpoints make.
+    COMMITS_AT_END = False
+
+    def process(  # type: ignore[override,unused-ignore]
+        self,
+        element: tuple[int, np.ndarray],
+        ledger: Any = LEDGER,
+        end: Any = COMMIT_AT_END,
+        finalizer: Any = beam.DoFn.BundleFinalizerParam,
+    ) -> None:
+        partition, book = self._add(element, ledger, end)
+        self._commit_when_checkpointed(partition, book.ledger.next, finalizer)
+        ledger.write(book)
+
+    def _commit_when_checkpointed(self, partition: int, offset: int, finalizer: Any) -> None:
+        if offset <= self._registered.get(partition, -1):
+            return
+        self._registered[partition] = offset
+
+        def commit() -> None:
+            if not self._send(partition, offset):  # the next acknowledgement or tick registers again
+                self._registered.pop(partition, None)
+
+        finalizer.register(commit)
 
 
 @dataclass

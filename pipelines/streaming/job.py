@@ -58,7 +58,7 @@ from pipelines.io.kafka.config import KafkaConnection
 from pipelines.io.kafka.consume import PartitionPoller
 from pipelines.io.shards import split_by_shard
 from pipelines.schemas.layouts import EVENT
-from pipelines.streaming.acks import CommitOffsetsFn, WriteDeadLettersFn, open_sink
+from pipelines.streaming.acks import CommitOffsetsFn, CommitOnCheckpointFn, WriteDeadLettersFn, open_sink
 from pipelines.streaming.config import StreamConfig
 from pipelines.streaming.keyed import AppendKeyedHistoriesFn
 from pipelines.streaming.state import OFFSET, PARTITION
@@ -345,11 +345,11 @@ def build_stream(
     append = AppendKeyedHistoriesFn(connection, config) if keyed else _AppendHistoriesFn(connection, config)
     flushed = read["events"] | "AppendHistories" >> beam.ParDo(append)
     written = read[DEAD] | "WriteDeadLetters" >> beam.ParDo(WriteDeadLettersFn(connection, config))
+    commit = CommitOnCheckpointFn if keyed else CommitOffsetsFn
     _ = (
         (flushed, written, read[ACKS])
         | "AllAcks" >> beam.Flatten()
-        | "CommitOffsets"
-        >> beam.ParDo(CommitOffsetsFn(connection, config, {s.partition: s.start for s in starts}, on_checkpoint=keyed))
+        | "CommitOffsets" >> beam.ParDo(commit(connection, config, {s.partition: s.start for s in starts}))
     )
 
 
