@@ -37,7 +37,8 @@ def test_prometheus_scrapes_flink(tmp_path: Path) -> None:
             health = {t["scrapeUrl"]: t["health"] for t in prometheus.targets()}
             return health if health and all(h == "up" for h in health.values()) else None
 
-        health = wait_for(scraped, 120, "Flink's JobManager and TaskManager reporters scraped")
+        what = "Flink scraped (a cluster started without the reporter: make flink-down flink-up)"
+        health = wait_for(scraped, 120, what)
         assert len(health) == len(targets) == 2, health  # one JobManager, one TaskManager
         managers = wait_for(
             lambda: prometheus.values('flink_jobmanager_numRegisteredTaskManagers{job="flink"}'),

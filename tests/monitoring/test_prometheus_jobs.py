@@ -94,7 +94,7 @@ def test_prometheus_scrapes_the_jobs_and_alerts_when_they_stop(
             lag = 'sum by (job) (gem_consumer_lag_messages{job="solaris"})'
             wait_for(lambda: prometheus.values(lag) == {"solaris": 0.0}, 120, "solaris lag back to 0")
             share = wait_for(lambda: prometheus.values("job:gem_exact_share:ratio_rate5m"), 60, "exact share")
-            assert share["solaris"] == pytest.approx(expected_share, abs=1e-6)
+            assert share["solaris"] == pytest.approx(expected_share, abs=0.01)  # rate()s of one window
             assert 0 < expected_share < 1
 
             # the stream job: every event read and its lag at 0 (its last scrapes: it exits when idle)
