@@ -21,9 +21,10 @@ from pipelines.generator import WorldConfig, generate_events, rngs
 from pipelines.generator.funnel import FunnelConfig, generate_funnel, stage_rows
 from pipelines.io.kafka.candidate_sets import candidate_sets_to_wire
 from pipelines.io.kafka.config import KafkaConnection
-from pipelines.store import open_store
+from pipelines.store import default_redis_cluster_url, open_store
 from pipelines.streaming.candidates import CandidatesConfig, CandidatesJob
 from pipelines.streaming.pair_work import CandidateWork, WorkQueue, pair_keys, plan_pairs, split_by_deadline
+from tests.conftest import require_redis_cluster
 from tests.fixtures.kafka import BOOTSTRAP, MakeTopic, produce
 from tests.precompute.conftest import World
 
@@ -100,7 +101,7 @@ def test_a_pair_of_another_model_version_is_never_fresh(tmp_path: Path) -> None:
     assert swapped.requests["ad_ids"].to_pylist() == [[10, 11]]
 
 
-# -- against the real broker and an LMDB store ---------------------------------------------------------------
+# -- against the real broker and an LMDB store (or the Redis Cluster) ----------------------------------------
 
 
 def _funnel_sets(requests: int, *, config: FunnelConfig = SMALL, seed: int = 5) -> pa.Table:
@@ -142,14 +143,18 @@ def _all_found(store_uri: str, table: pa.Table) -> np.ndarray:
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("backend", ["lmdb", "redis-cluster"])
 def test_job_writes_pairs_drops_late_sets_and_skips_fresh_ones(
-    kafka: KafkaConnection, make_topic: MakeTopic, world: World, tmp_path: Path
+    kafka: KafkaConnection, make_topic: MakeTopic, world: World, tmp_path: Path, backend: str
 ) -> None:
     funnel = _funnel_sets(18)
     early = stage_rows(funnel, "early")
     live, late = _retimed(early.slice(0, 10), 3_600), _retimed(early.slice(10, 5), -60)
     others = _retimed(stage_rows(funnel, "late").slice(0, 3), 3_600)
     topic, store = make_topic(partitions=2), f"lmdb://{tmp_path}/store"
+    if backend == "redis-cluster":
+        store = f"{default_redis_cluster_url()}?namespace=gem-test:{uuid.uuid4().hex}:"
+        require_redis_cluster(store)
     _send(kafka, topic, pa.concat_tables([live, late, others]))
     produce(kafka, topic, [b"{not json"])
     job = CandidatesJob(kafka, _config(world, topic, store, dead_letters=str(tmp_path / "dl")))

@@ -13,9 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.io.kafka.config import KafkaConnection
-from pipelines.store import open_store
+from pipelines.store import default_redis_cluster_url, open_store
 from pipelines.store.redis_store import default_redis_url
-from tests.conftest import require_redis
+from tests.conftest import require_redis, require_redis_cluster
 from tests.fixtures.kafka import MakeTopic, produce
 from tests.streaming.streams import committed, generate, keyed, replay, stream_cmd
 
@@ -42,11 +42,16 @@ def _user_rows(store_uri: str, users: list[int]) -> dict[str, np.ndarray]:
     return {"found": got.found, "embedding": got.embedding, "watermark": got.history_watermark_ms}
 
 
+@pytest.mark.parametrize("backend", ["redis", "redis-cluster"])
 def test_streamed_users_get_the_batch_precompute_representation_before_their_offsets_commit(
-    kafka: KafkaConnection, make_topic: MakeTopic, tmp_path: Path, prism: str
+    kafka: KafkaConnection, make_topic: MakeTopic, tmp_path: Path, prism: str, backend: str
 ) -> None:
-    require_redis(default_redis_url())
-    store = f"{default_redis_url()}?namespace=gem-test:{uuid.uuid4().hex}:"
+    base = default_redis_url() if backend == "redis" else default_redis_cluster_url()
+    store = f"{base}?namespace=gem-test:{uuid.uuid4().hex}:"
+    if backend == "redis":
+        require_redis(base)
+    else:
+        require_redis_cluster(store)
     lines, candidates, model = _world(tmp_path)
     topic, group = make_topic(2), f"g-{uuid.uuid4().hex[:8]}"
     produce(kafka, topic, lines, keys=keyed(lines))
