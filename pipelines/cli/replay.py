@@ -86,7 +86,6 @@ def _publish(
 ) -> dict[str, int]:
     from pipelines.io.kafka.encode import dead_letters_to_json, histories_to_json
     from pipelines.io.kafka.produce import ensure_topic, open_sink
-    from pipelines.io.parquet import read_table
     from pipelines.io.snapshot import DEAD_LETTERS, HISTORIES, open_snapshot
     from pipelines.schemas.layouts import DEAD_LETTER, HISTORY
 
@@ -103,10 +102,11 @@ def _publish(
         sink = open_sink(connection, name)
         try:
             for path in paths:
-                sink.send_many(encode(read_table(path, layout)))
+                sink.send_many(encode(snapshot.read_table(path, layout)))
             sent[name] = sink.flush()
         finally:
             sink.close()
+    snapshot.release()
     return sent
 
 

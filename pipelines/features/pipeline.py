@@ -23,7 +23,7 @@ from pipelines.features.sources import ReadEvents
 from pipelines.features.transforms import BuildHistories
 from pipelines.features.validate import check_columns
 from pipelines.io.files import expand_inputs, splits_of
-from pipelines.io.snapshot import COUNTS, DEAD, EVENTS, HISTORIES, open_snapshot, run_stage
+from pipelines.io.snapshot import COUNTS, DEAD, EVENTS, HISTORIES, Snapshot, open_snapshot, run_stage
 from pipelines.io.summary import Balance, sum_counts
 from pipelines.io.transforms import WriteDeadLetters, WriteSummary
 from pipelines.schemas.layouts import HISTORY
@@ -71,18 +71,19 @@ class FeaturesConfig:
         return min(int(self.clock() * 1000) + self.max_future_ms, MAX_TIME_MS)
 
 
-def previous_files(previous: str | None) -> list[str]:
-    """The committed history files of the ``--previous`` snapshot (refused unless committed and intact)."""
+def previous_snapshot(previous: str | None) -> Snapshot | None:
+    """The ``--previous`` snapshot, pinned (refused unless committed, intact and holding histories)."""
     if not previous:
-        return []
-    files = open_snapshot(previous, flag="--previous", writer=WRITER).files(HISTORIES)
-    if not files:
+        return None
+    snapshot = open_snapshot(previous, flag="--previous", writer=WRITER)
+    if not snapshot.files(HISTORIES):
+        snapshot.release()
         raise ConfigError(
             "--previous",
             f"{previous!r} holds no histories/shard=*/*.parquet",
             "point it at the --output folder of an earlier features run",
         )
-    return files
+    return snapshot
 
 
 def build_features(
@@ -140,16 +141,21 @@ def run_features(
     and ``source`` must bound event times itself (``config.max_time_ms()``).
     """
     paths = expand_inputs(config.inputs) if source is None else []
-    previous = previous_files(config.previous)
     splits = splits_of(paths, check=check_columns, skip_bad=config.skip_bad_files)
     max_time_ms = config.max_time_ms()
+    snapshot = previous_snapshot(config.previous)
+    previous = snapshot.files(HISTORIES) if snapshot else []
     log.info("features: %d file(s), %d split(s), %d previous file(s)", len(paths), len(splits), len(previous))
-    return run_stage(
-        config.output,
-        lambda p, root: build_features(p, config, splits, previous, source, max_time_ms, root),
-        holds="a features snapshot",
-        overwrite=config.overwrite,
-        balance=RECORDS,
-        options=options,
-        runner=runner,
-    )
+    try:  # --previous stays pinned until the run has read it (see pipelines.io.pins)
+        return run_stage(
+            config.output,
+            lambda p, root: build_features(p, config, splits, previous, source, max_time_ms, root),
+            holds="a features snapshot",
+            overwrite=config.overwrite,
+            balance=RECORDS,
+            options=options,
+            runner=runner,
+        )
+    finally:
+        if snapshot is not None:
+            snapshot.release()

@@ -16,10 +16,14 @@ from __future__ import annotations
 import os
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
 import apache_beam as beam
+import pyarrow as pa
+import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -37,7 +41,10 @@ from pipelines.io.commit import (
     staging_leftovers,
 )
 from pipelines.io.files import join
+from pipelines.io.parquet import check_layout
+from pipelines.io.pins import pin_snapshot, release
 from pipelines.io.summary import Balance, read_summary
+from pipelines.schemas.layouts import Layout
 
 __all__ = [
     "COUNTS",
@@ -108,11 +115,17 @@ def run_stage(
 
 @dataclass(frozen=True)
 class Snapshot:
-    """A committed snapshot: its ``folder``, the ``root`` its files live under, its manifest."""
+    """A committed snapshot as checked: its ``folder``, the ``root`` its files are read under (a
+    reader's pin, see :mod:`pipelines.io.pins`, or where they live) and its manifest. Picklable:
+    workers read through :meth:`read_bytes` / :meth:`read_table`, which check each file against
+    the commit, so a file replaced after the check is an error, never a mixed read."""
 
     folder: str
     root: str
     manifest: CommitManifest
+    flag: str = "--input"
+    writer: str = "the command that wrote it"
+    pin: str | None = None
 
     def files(self, kind: str, suffix: str = ".parquet") -> list[str]:
         """The committed files of one kind (``histories``, ...), sorted; never a file the commit does not list."""
@@ -128,11 +141,55 @@ class Snapshot:
     def has(self, name: str) -> bool:
         return any(f.path == name for f in self.manifest.files)
 
+    def has_path(self, path: str) -> bool:
+        """Whether the commit lists the file at ``path`` (under :attr:`root`)."""
+        return self.has(self._name(path))
+
+    def _name(self, path: str) -> str:
+        return path[len(self.root) :].lstrip("/") if path.startswith(self.root) else path
+
     def summary(self) -> dict:
         return read_summary(self.root)
 
+    def read_bytes(self, path: str) -> bytes:
+        """The bytes of the committed file at ``path`` (under :attr:`root`), checked against the
+        commit (size and CRC-32); :class:`SnapshotError` naming the cause when they differ."""
+        name = self._name(path)
+        entry = next((f for f in self.manifest.files if f.path == name), None)
+        if entry is None:
+            self._changed(name, "is not in its commit")
+        try:
+            with FileSystems.open(self.path(name), compression_type="uncompressed") as f:
+                data = f.read()
+        except OSError as exc:
+            self._changed(name, f"is gone ({exc})")
+        if len(data) != entry.bytes:
+            self._changed(name, f"is {len(data)} bytes, committed {entry.bytes}")
+        if (crc := f"{zlib.crc32(data):08x}") != entry.crc32:
+            self._changed(name, f"has CRC-32 {crc}, committed {entry.crc32}")
+        return data
 
-def open_snapshot(folder: str, *, flag: str, writer: str, deep: bool | None = None) -> Snapshot:
+    def read_table(self, path: str, layout: Layout | None = None) -> pa.Table:
+        """The Parquet file at ``path``, checked as :meth:`read_bytes` says (and its layout, if given)."""
+        table = pq.read_table(pa.BufferReader(self.read_bytes(path)))
+        if layout is not None:
+            check_layout(table.schema, layout, path)
+        return table
+
+    def release(self) -> None:
+        """Let go of the reader's pin (else it goes at exit)."""
+        if self.pin is not None:
+            release(self.pin)
+
+    def _changed(self, name: str, problem: str) -> NoReturn:
+        raise SnapshotError(
+            f"{self.flag} {self.folder!r} changed while this run read it: {name} {problem} (snapshot of run "
+            f"{self.manifest.run_id}, checked when the run started; a writer replaced or altered it since). "
+            f"Fix: rerun this command once `{self.writer}` has finished writing {self.folder}"
+        )
+
+
+def open_snapshot(folder: str, *, flag: str, writer: str, deep: bool | None = None, pin: bool = True) -> Snapshot:
     """The committed snapshot at ``folder``; :class:`SnapshotError` (naming ``flag`` and the fix:
     run ``writer``) when it is missing, uncommitted, or its files differ from the commit.
 
@@ -144,6 +201,10 @@ def open_snapshot(folder: str, *, flag: str, writer: str, deep: bool | None = No
     if not FileSystems.exists(folder):
         _missing(folder, flag, writer)
     manifest = read_commit(folder)
+    pinned = pin_snapshot(folder, flag=flag) if pin and manifest is not None and is_local(folder) else None
+    held = None
+    if pinned is not None:
+        held, manifest = pinned
     if manifest is None:
         raise SnapshotError(
             f"{flag} {folder!r} is not a committed snapshot (no {COMMITTED}): a run was interrupted, a copy is "
@@ -153,15 +214,18 @@ def open_snapshot(folder: str, *, flag: str, writer: str, deep: bool | None = No
         raise SnapshotError(
             f"{flag} {folder!r}: commit format {manifest.format}, this code reads {FORMAT}. Fix: rerun `{writer}`"
         )
-    root = folder if manifest.root == "." else join(folder, manifest.root)
+    base = held or folder
+    root = base if manifest.root == "." else join(base, manifest.root)
     bad = _mismatches(root, manifest.files, is_local(folder) if deep is None else deep)
     if bad:
+        if held is not None:
+            release(held)
         raise SnapshotError(
             f"{flag} {folder!r} does not match its commit ({len(bad)} of {len(manifest.files)} files): "
             f"{'; '.join(bad[:3])}. Fix: rerun `{writer}` with --output {folder} --overwrite, "
             "or restore the folder from a complete copy"
         )
-    return Snapshot(folder, root, manifest)
+    return Snapshot(folder, root, manifest, flag, writer, held)
 
 
 def _missing(folder: str, flag: str, writer: str) -> None:

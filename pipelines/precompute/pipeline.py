@@ -22,7 +22,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.errors import ConfigError
 from pipelines.io.files import expand_inputs, splits_of
-from pipelines.io.snapshot import COUNTS, DEAD, HISTORIES, open_snapshot, run_stage
+from pipelines.io.snapshot import COUNTS, DEAD, HISTORIES, Snapshot, open_snapshot, run_stage
 from pipelines.io.summary import Balance
 from pipelines.io.transforms import WriteDeadLetters, WriteSummary
 from pipelines.model.gem import GemModel
@@ -87,18 +87,17 @@ class PrecomputeConfig:
 
 @dataclass(frozen=True)
 class _Resolved:
-    features_root: str
+    features: Snapshot  # pinned: the workers read this snapshot, whatever is published meanwhile
     num_shards: int
     watermark_ms: int | None
-    history_files: list[str]
     model_version: str
     max_len: int
 
 
-def _watermark(history_files: Sequence[str]) -> int | None:
+def _watermark(features: Snapshot) -> int | None:
     import pyarrow.parquet as pq
 
-    for path in history_files:
+    for path in features.files(HISTORIES):
         with FileSystems.open(path) as f:
             table = pq.read_table(f, columns=["watermark"])
         if table.num_rows:
@@ -123,10 +122,9 @@ def _resolve(config: PrecomputeConfig) -> _Resolved:
         raise ConfigError(
             "--features", f"{config.features!r} is not a features snapshot", "pass the --output of `pipelines features`"
         )
-    files = snapshot.files(HISTORIES)
     model = load_model_flag(config.model)
     return _Resolved(
-        snapshot.root, int(summary["num_shards"]), _watermark(files), files, model.model_version, model.config.max_len
+        snapshot, int(summary["num_shards"]), _watermark(snapshot), model.model_version, model.config.max_len
     )
 
 
@@ -141,9 +139,9 @@ def build_precompute(
     """Add the precompute steps to ``p``, writing under ``root`` (default ``config.output``)."""
     root = root or config.output
     read = p | "ReadCandidates" >> ReadCandidates(splits, num_shards=resolved.num_shards)
-    catalog = p | "AdCatalog" >> AdCatalog(resolved.history_files)
+    catalog = p | "AdCatalog" >> AdCatalog(resolved.features)
     requests = read["candidates"] | "PrepareRequests" >> PrepareRequests(
-        resolved.features_root,
+        resolved.features,
         beam.pvalue.AsSingleton(catalog),
         num_shards=resolved.num_shards,
         max_len=resolved.max_len,
@@ -163,7 +161,7 @@ def build_precompute(
         model_version=resolved.model_version,
         watermark_ms=resolved.watermark_ms,
         computed_at_ms=computed_at_ms,
-        contexts_from=resolved.features_root if config.contexts else None,
+        contexts_from=resolved.features if config.contexts else None,
     )
     dead = (read[DEAD], failed) | "AllDead" >> beam.Flatten()
     _ = dead | "WriteDeadLetters" >> WriteDeadLetters(root)
@@ -228,15 +226,18 @@ def run_precompute(
     check_candidate_files(paths)
     splits = splits_of(paths)
     computed_at_ms = int(clock() * 1000)
-    return run_stage(
-        config.output,
-        lambda p, root: build_precompute(p, config, resolved, splits, computed_at_ms, root),
-        holds="representations",
-        overwrite=config.overwrite,
-        balance=PAIRS,
-        options=options,
-        runner=runner,
-    )
+    try:  # the features stay pinned until the run has read them (see pipelines.io.pins)
+        return run_stage(
+            config.output,
+            lambda p, root: build_precompute(p, config, resolved, splits, computed_at_ms, root),
+            holds="representations",
+            overwrite=config.overwrite,
+            balance=PAIRS,
+            options=options,
+            runner=runner,
+        )
+    finally:
+        resolved.features.release()
 
 
 __all__ = ["PrecomputeConfig", "build_precompute", "check_candidate_files", "run_precompute"]

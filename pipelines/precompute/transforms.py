@@ -17,9 +17,10 @@ from apache_beam.pvalue import TaggedOutput
 from pipelines.io import arrow_coder  # noqa: F401 - registers the pa.Table coder
 from pipelines.io.deadletters import dead_letter_table
 from pipelines.io.files import Split, read_row_group
-from pipelines.io.parquet import read_table, write_table
+from pipelines.io.parquet import write_table
+from pipelines.io.pause import pause_point
 from pipelines.io.shards import shard_path, split_by_shard
-from pipelines.io.snapshot import COUNTS, DEAD, HISTORIES, REPRESENTATIONS
+from pipelines.io.snapshot import COUNTS, DEAD, HISTORIES, REPRESENTATIONS, Snapshot
 from pipelines.io.transforms import GroupByShard
 from pipelines.model.gem import Representations
 from pipelines.model.inputs import GemBatch, HistoryIndex
@@ -80,7 +81,7 @@ class ReadCandidates(beam.PTransform):
 class _PrepareFn(beam.DoFn):
     """(shard, candidate tables) → (shard, GemBatch) per request (+ user-level chunks)."""
 
-    def __init__(self, features: str, max_len: int, all_users: bool) -> None:
+    def __init__(self, features: Snapshot, max_len: int, all_users: bool) -> None:
         self._features, self._max_len, self._all_users = features, max_len, all_users
 
     def setup(self) -> None:
@@ -106,18 +107,19 @@ class _PrepareFn(beam.DoFn):
         return _shard_histories(self._features, shard)
 
 
-def _shard_histories(features: str, shard: int) -> pa.Table:
-    from apache_beam.io.filesystems import FileSystems
-
-    path = shard_path(features, HISTORIES, shard)
-    return read_table(path, HISTORY) if FileSystems.exists(path) else HISTORY.schema.empty_table()
+def _shard_histories(features: Snapshot, shard: int) -> pa.Table:
+    """One shard's histories from the snapshot checked at construction (each file checked against
+    its commit as it is opened); a shard the commit lists no file for has none."""
+    path = shard_path(features.root, HISTORIES, shard)
+    pause_point("snapshot-read")
+    return features.read_table(path, HISTORY) if features.has_path(path) else HISTORY.schema.empty_table()
 
 
 class PrepareRequests(beam.PTransform):
     """(shard, CANDIDATES) pairs → (shard, GemBatch) model inputs, joined to that shard's histories."""
 
     def __init__(
-        self, features: str, catalog: beam.pvalue.AsSingleton, *, num_shards: int, max_len: int, all_users: bool
+        self, features: Snapshot, catalog: beam.pvalue.AsSingleton, *, num_shards: int, max_len: int, all_users: bool
     ) -> None:
         super().__init__()
         self._features, self._catalog = features, catalog
@@ -171,7 +173,7 @@ class _WriteSpec:
     model_version: str
     watermark_ms: int | None
     computed_at_ms: int
-    contexts_from: str | None
+    contexts_from: Snapshot | None
 
 
 class _WriteShardFn(beam.DoFn):
@@ -258,7 +260,7 @@ class _ConcatResults(beam.CombineFn):
 
 class WriteRepresentations(beam.PTransform):
     """(shard, (Representations, request times)) per request → Parquet per shard (+ the online store);
-    outputs count dicts. With ``contexts_from`` (a features root) and a store, also each written
+    outputs count dicts. With ``contexts_from`` (a features snapshot) and a store, also each written
     user's context record."""
 
     def __init__(
@@ -269,7 +271,7 @@ class WriteRepresentations(beam.PTransform):
         model_version: str,
         watermark_ms: int | None,
         computed_at_ms: int,
-        contexts_from: str | None = None,
+        contexts_from: Snapshot | None = None,
     ) -> None:
         super().__init__()
         if contexts_from is not None and not store_uri:
@@ -282,23 +284,23 @@ class WriteRepresentations(beam.PTransform):
         return reps | "ConcatByShard" >> beam.CombinePerKey(_ConcatResults()) | "Write" >> beam.ParDo(self._fn)
 
 
-def _catalog_of(path: str) -> pa.Table:
+def _catalog_of(path: str, features: Snapshot) -> pa.Table:
     from pipelines.model.inputs import ad_catalog
 
-    return ad_catalog(read_table(path, HISTORY))
+    return ad_catalog(features.read_table(path, HISTORY))
 
 
 class AdCatalog(beam.PTransform):
-    """History files → one table of (item_id, advertiser_id, item_category) per ad seen."""
+    """A features snapshot's history files → one table of (item_id, advertiser_id, item_category) per ad seen."""
 
-    def __init__(self, history_files: Sequence[str]) -> None:
+    def __init__(self, features: Snapshot) -> None:
         super().__init__()
-        self._files = list(history_files)
+        self._features = features
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
         return (
             pbegin
-            | "HistoryFiles" >> beam.Create(self._files)
-            | "AdsOfFile" >> beam.Map(_catalog_of).with_output_types(pa.Table)
+            | "HistoryFiles" >> beam.Create(self._features.files(HISTORIES))
+            | "AdsOfFile" >> beam.Map(_catalog_of, self._features).with_output_types(pa.Table)
             | "Merge" >> beam.CombineGlobally(merge_catalogs).with_output_types(pa.Table)
         )

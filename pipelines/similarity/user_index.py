@@ -69,7 +69,7 @@ class UserIndex:
         sizes are checked, not checksums, so a lookup stays fast); on a GPU when ``gpu="auto"`` finds
         one and the index type supports it. An ``ondisk`` index maps its inverted lists read-only
         (``lists.ivfdata``): the operating system pages in the lists that searches touch."""
-        open_snapshot(str(folder), flag="--index", writer="python -m pipelines index", deep=False)
+        open_snapshot(str(folder), flag="--index", writer="python -m pipelines index", deep=False, pin=False)
         manifest = read_manifest(folder)
         names = manifest.files[:1] if manifest.layout == "ondisk" else manifest.files
         parts = [read_index_file(Path(folder) / name) for name in names]

@@ -12,7 +12,7 @@ import pytest
 from pipelines.errors import ConfigError, InputNotFoundError, OutputLockedError, SnapshotError
 from pipelines.io import commit
 from pipelines.io.commit import COMMITTED, read_commit, staged_output
-from pipelines.io.snapshot import open_snapshot
+from pipelines.io.snapshot import Snapshot, open_snapshot
 
 
 def _write(root: str, shards: int, value: int = 0) -> None:
@@ -28,8 +28,8 @@ def _commit(out: Path, shards: int, *, overwrite: bool = False, mode: commit.Mod
         _write(staging.root, shards)
 
 
-def _open(out: Path, deep: bool | None = None):
-    return open_snapshot(str(out), flag="--data", writer="python -m pipelines features", deep=deep)
+def _open(out: Path, deep: bool | None = None, pin: bool = True):
+    return open_snapshot(str(out), flag="--data", writer="python -m pipelines features", deep=deep, pin=pin)
 
 
 def test_a_committed_snapshot_lists_every_file_with_rows_and_checksum(tmp_path: Path) -> None:
@@ -200,3 +200,54 @@ def test_a_lock_left_by_a_dead_holder_is_taken_over_and_names_the_new_holder(tmp
         with pytest.raises(OutputLockedError, match=f"right now by pid {os.getpid()} "):
             _commit(out, 1)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".out.lock"]
+
+
+def _first_rows(snapshot: Snapshot) -> list[int]:
+    path = snapshot.files("histories")[0]
+    return snapshot.read_table(path).column("user_id").to_pylist()
+
+
+def test_a_pinned_read_keeps_the_snapshot_it_checked_after_an_overwrite(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    with staged_output(str(out), overwrite=False, holds="x") as staging:
+        _write(staging.root, 2, value=7)
+    pinned = _open(out)
+    with staged_output(str(out), overwrite=True, holds="x") as staging:
+        _write(staging.root, 2, value=8)
+    assert _first_rows(pinned) == [0, 7]  # the old snapshot, though a new one is published
+    assert _first_rows(_open(out)) == [0, 8]
+    assert sorted(p.name for p in (tmp_path / ".out.readers").iterdir()) != []
+    pinned.release()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.readers")] in ([], [".out.readers"])
+
+
+def test_a_file_changed_after_the_check_is_an_error_where_it_is_opened(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    _commit(out, 2)
+    pinned = _open(out)
+    path = Path(pinned.files("histories")[1])
+    path.write_bytes(path.read_bytes()[:-8])  # in place: the pin names the same file
+    with pytest.raises(SnapshotError, match=r"changed while this run read it: histories/shard=00001/\S+ is \d+ bytes"):
+        pinned.read_table(str(path))
+    other = tmp_path / "other"
+    _commit(other, 2)
+    unpinned = _open(other, pin=False)  # where no pin can be made, a replaced file is named, never read
+    with staged_output(str(other), overwrite=True, holds="x") as staging:
+        _write(staging.root, 2, value=9)
+    with pytest.raises(SnapshotError, match=r"changed while this run read it: .* Fix: rerun this command"):
+        _first_rows(unpinned)
+
+
+def test_the_pin_of_a_reader_that_died_is_swept_by_the_next_one(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    _commit(out, 2)
+    dead = "import os, sys; from pipelines.io.snapshot import open_snapshot as o; o(sys.argv[1], flag='-', writer='-')"
+    dead += "; os._exit(0)"
+    subprocess.run([sys.executable, "-c", dead, str(out)], check=True)
+    left = list((tmp_path / ".out.readers").iterdir())
+    assert len(left) == 1  # exited without releasing it, as a killed reader would
+    live = _open(out)
+    assert [p.name for p in (tmp_path / ".out.readers").iterdir()] == [Path(str(live.pin)).name]

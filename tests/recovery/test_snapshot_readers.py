@@ -7,9 +7,17 @@ at an exact step while the second runs, so no case depends on timing.
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
+
+from pipelines.io.commit import read_commit
+from pipelines.io.snapshot import REPRESENTATIONS
 
 from tests.recovery.conftest import World
 from tests.recovery.crash import cli, paused_at, record, short, staging_of
@@ -31,3 +39,33 @@ def test_the_lock_names_its_holder_from_the_moment_it_is_taken(world: World, tmp
     assert holder.returncode == 0, (tmp_path / "pause" / "stderr.log").read_text()[-3000:]
     assert (out / "_COMMITTED").is_file() and not staging_of(out)
     record("second writer at the lock's first instant", short(second.stderr.strip().splitlines()[-1]))
+
+
+def _user_rows(folder: Path) -> pa.Table:
+    manifest = read_commit(str(folder))
+    assert manifest is not None
+    files = [folder / f.path for f in manifest.files if f.path.startswith(f"{REPRESENTATIONS}/")]
+    table = pa.concat_tables(pq.read_table(f) for f in files)
+    table = table.filter(pc.is_null(table["ad_id"])).select(["user_id", "embedding", "p_click"])
+    return table.sort_by("user_id")
+
+
+def test_a_read_stays_on_the_snapshot_it_checked_while_an_overwrite_publishes(world: World, tmp_path: Path) -> None:
+    """precompute --all-users is stopped at its first read of a history shard; features --overwrite
+    then republishes its --features from other events, whole; the precompute must give what a run on
+    the old snapshot gives (or fail naming the cause), never a mix of the two."""
+    features, reps = tmp_path / "features", tmp_path / "reps"
+    shutil.copytree(world.features, features)
+    other = tmp_path / "other.jsonl"
+    assert cli("generate", "--users", "300", "--days", "2", "--seed", "77", "--output", str(other)).returncode == 0
+    precompute = ["precompute", "--features", str(features), "--candidates", str(world.candidates)]
+    precompute += ["--model", str(world.model), "--output", str(reps), "--all-users", "--device", "cpu"]
+    with paused_at("snapshot-read", precompute, tmp_path / "pause") as reader:
+        overwrite = cli("features", "--input", str(other), "--output", str(features), "--overwrite")
+        assert overwrite.returncode == 0, overwrite.stderr[-3000:]
+        assert json.loads((features / "summary.json").read_text())["histories"] != world.histories
+    err = (tmp_path / "pause" / "stderr.log").read_text()
+    assert reader.returncode == 0, err[-3000:]
+    assert _user_rows(reps).equals(_user_rows(world.representations))  # the old snapshot's answer, whole
+    assert not (tmp_path / ".features.readers").exists()  # the pin went with its reader
+    record("precompute while features --overwrite republishes", f"{world.histories} users, the old snapshot's")

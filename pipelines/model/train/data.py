@@ -39,10 +39,13 @@ def load_features(data_dir: str | Path, flag: str = "--data") -> tuple[pa.Table,
     if root.exists() and not root.is_dir():
         raise ConfigError(flag, f"{root} is not a folder", "pass the --output folder of `pipelines features`")
     snapshot = open_snapshot(str(root), flag=flag, writer="python -m pipelines features")
-    histories = _read(f"{root}/{HISTORIES}", snapshot.files(HISTORIES), HISTORY)
-    examples = _read(
-        f"{root}/{TRAINING_EXAMPLES}", snapshot.files(TRAINING_EXAMPLES), TRAINING_EXAMPLE, _EXAMPLE_COLUMNS
-    )
+    try:
+        histories = _read(f"{root}/{HISTORIES}", snapshot.files(HISTORIES), HISTORY)
+        examples = _read(
+            f"{root}/{TRAINING_EXAMPLES}", snapshot.files(TRAINING_EXAMPLES), TRAINING_EXAMPLE, _EXAMPLE_COLUMNS
+        )
+    finally:
+        snapshot.release()
     return histories, examples
 
 
