@@ -146,16 +146,13 @@ def run_features(
     snapshot = previous_snapshot(config.previous)
     previous = snapshot.files(HISTORIES) if snapshot else []
     log.info("features: %d file(s), %d split(s), %d previous file(s)", len(paths), len(splits), len(previous))
-    try:  # --previous stays pinned until the run has read it (see pipelines.io.pins)
-        return run_stage(
-            config.output,
-            lambda p, root: build_features(p, config, splits, previous, source, max_time_ms, root),
-            holds="a features snapshot",
-            overwrite=config.overwrite,
-            balance=RECORDS,
-            options=options,
-            runner=runner,
-        )
-    finally:
-        if snapshot is not None:
-            snapshot.release()
+    return run_stage(
+        config.output,
+        lambda p, root: build_features(p, config, splits, previous, source, max_time_ms, root),
+        holds="a features snapshot",
+        overwrite=config.overwrite,
+        balance=RECORDS,
+        options=options,
+        runner=runner,
+        reads=[snapshot],
+    )

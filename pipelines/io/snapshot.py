@@ -93,24 +93,31 @@ def run_stage(
     balance: Balance,
     options: PipelineOptions,
     runner: object | None = None,
+    reads: Sequence[Snapshot | None] = (),
 ) -> dict:
     """Lock ``output``, run ``build(pipeline, root)`` writing into a staging ``root``, check the
     summary's ``balance``, then commit and publish (see :mod:`pipelines.io.commit`). Returns the
     summary with ``seconds`` added. On any failure nothing is published. A Dataflow dry run
-    returns the job it built instead (see :mod:`pipelines.dataflow_job`)."""
-    if is_dry_run(options):  # a job graph, built offline: no outputs to stage or read back
-        with beam.Pipeline(runner=runner, options=options) as p:  # type: ignore[arg-type]
-            build(p, output)
-        return write_dry_run(p.result, options, output)
-    with staged_output(output, overwrite=overwrite, holds=holds) as staging:
-        check_writable(staging.root)
-        started = time.perf_counter()
-        with beam.Pipeline(runner=runner, options=options) as p:  # type: ignore[arg-type]
-            build(p, staging.root)
-        summary = read_summary(staging.root)
-        summary["seconds"] = round(time.perf_counter() - started, 3)
-        balance.check(summary)
-    return summary
+    returns the job it built instead (see :mod:`pipelines.dataflow_job`). The snapshots the run
+    ``reads`` stay pinned until it ends, then are released."""
+    try:
+        if is_dry_run(options):  # a job graph, built offline: no outputs to stage or read back
+            with beam.Pipeline(runner=runner, options=options) as p:  # type: ignore[arg-type]
+                build(p, output)
+            return write_dry_run(p.result, options, output)
+        with staged_output(output, overwrite=overwrite, holds=holds) as staging:
+            check_writable(staging.root)
+            started = time.perf_counter()
+            with beam.Pipeline(runner=runner, options=options) as p:  # type: ignore[arg-type]
+                build(p, staging.root)
+            summary = read_summary(staging.root)
+            summary["seconds"] = round(time.perf_counter() - started, 3)
+            balance.check(summary)
+        return summary
+    finally:
+        for snapshot in reads:
+            if snapshot is not None:
+                snapshot.release()
 
 
 @dataclass(frozen=True)

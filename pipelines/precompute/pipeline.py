@@ -172,7 +172,11 @@ def build_precompute(
             p
             | "RepHistory"
             >> WriteRepHistory(
-                resolved.history_files, config.model, length=config.rep_history, root=root, device=config.device
+                resolved.features.files(HISTORIES),
+                config.model,
+                length=config.rep_history,
+                root=root,
+                device=config.device,
             )
         )
     extra = {
@@ -226,18 +230,16 @@ def run_precompute(
     check_candidate_files(paths)
     splits = splits_of(paths)
     computed_at_ms = int(clock() * 1000)
-    try:  # the features stay pinned until the run has read them (see pipelines.io.pins)
-        return run_stage(
-            config.output,
-            lambda p, root: build_precompute(p, config, resolved, splits, computed_at_ms, root),
-            holds="representations",
-            overwrite=config.overwrite,
-            balance=PAIRS,
-            options=options,
-            runner=runner,
-        )
-    finally:
-        resolved.features.release()
+    return run_stage(
+        config.output,
+        lambda p, root: build_precompute(p, config, resolved, splits, computed_at_ms, root),
+        holds="representations",
+        overwrite=config.overwrite,
+        balance=PAIRS,
+        options=options,
+        runner=runner,
+        reads=[resolved.features],
+    )
 
 
 __all__ = ["PrecomputeConfig", "build_precompute", "check_candidate_files", "run_precompute"]
