@@ -19,7 +19,11 @@ by the same step as the representations), the fallback resolution and per-ad inp
 running the GEM-style model (default config, 256-token histories) live on the same request (the
 history encoded once for the 200 ads, from the history index). Ratio = GEM p99 / downstream p99,
 target 10. Also timed: the downstream request as before the context record (the window and counts
-cut from the history index per request). Requests rotate over the three so load hits all alike.
+cut from the history index per request), and ``loopfm-serving``: the ranker that also reads the
+user's last 32 historical representations (stored after the context in the same record, 4 KB
+more; target attention from each of the 200 ads) against the snapshot ranker (target: at most
+2x its p99) and against GEM live (target: at least 10x faster). Requests rotate over the legs so
+load hits all alike.
 
 QUICK=1: a planted-signal world (tests/model/toyworld.py) with a small trained model. Both: 200 requests
 (with fewer, p99 is the slowest one, set by whatever else the machine runs).
@@ -45,7 +49,7 @@ import torch
 from bench.common import QUICK, WORK, generate, result, untrained_model
 from pipelines.durations import HOUR_MS
 from pipelines.model import GemModel, HistoryIndex, ad_catalog, build_candidate_batch, load_model
-from pipelines.model.context import decode_contexts
+from pipelines.model.context import decode_contexts, decode_sequences
 from pipelines.model.inputs import AdLookup
 from pipelines.model.train.data import load_features
 from pipelines.schemas.layouts import representation_schema
@@ -61,6 +65,7 @@ from pipelines.transfer.snapshots import RepFeatures
 from pipelines.transfer.variants import VariantPlan
 
 CANDIDATES = 200
+SEQUENCE = 32
 REQUESTS = 200
 DIM = 64
 
@@ -106,8 +111,11 @@ def transfer_report(features: Path, model: Path, out: Path, vm_window: int = 32)
     return run_transfer(config)
 
 
-def fill_store(store: OnlineStore, index: HistoryIndex, requests: list[tuple[int, np.ndarray]], now_ms: int) -> None:
-    """User-level records, ~80% of each request's pairs and the users' contexts, computed an hour ago."""
+def fill_store(
+    store: OnlineStore, index: HistoryIndex, requests: list[tuple[int, np.ndarray]], now_ms: int, sequence: int = 0
+) -> None:
+    """User-level records, ~80% of each request's pairs and the users' contexts (followed by
+    ``sequence`` historical representations when positive), computed an hour ago."""
     rng = np.random.default_rng(3)
     users, ads = [], []
     for user, ad_ids in requests:
@@ -133,7 +141,9 @@ def fill_store(store: OnlineStore, index: HistoryIndex, requests: list[tuple[int
             schema=representation_schema(DIM),
         )
     )
-    write_user_contexts(store, index, np.unique([u for u, _ in requests]), now_ms - HOUR_MS, model_version="bench")
+    with_context = np.unique([u for u, _ in requests])
+    seqs = rng.normal(size=(len(with_context), sequence, DIM)).astype(np.float32) if sequence else None
+    write_user_contexts(store, index, with_context, now_ms - HOUR_MS, model_version="bench", sequences=seqs)
 
 
 def request_table(user: int, ad_ids: np.ndarray, at_ms: int) -> pa.Table:
@@ -154,10 +164,12 @@ def downstream_request(
     catalog: AdLookup,
     req: pa.Table,
     policy: ResolverConfig,
+    sequence: int = 0,
 ) -> np.ndarray:
     """Score one request: one store round trip (pairs, user-level record and, without ``index``, the
     user's context record), the fallbacks, the inputs, one ranker forward. With ``index``: the window
-    and counts cut from the history index instead (the path before the context record)."""
+    and counts cut from the history index instead (the path before the context record). With
+    ``sequence``: the context record also holds that many historical representations, read too."""
     user, ads = int(req.column("user_id")[0].as_py()), np.asarray(req.column("ad_ids")[0].as_py(), np.int64)
     read = store.read_for_request(user, ads, with_context=index is None)
     n = len(ads)
@@ -172,14 +184,19 @@ def downstream_request(
     pair = np.nan_to_num(read.pairs.embedding)
     pair[path == FallbackPath.SAME_USER] = user_vec  # the user-level rep fills the pair slot
     feats = RepFeatures(np.tile(user_vec, (n, 1)), pair, path, np.repeat(read.user.age_s, n), read.pairs.age_s)
+    seq = None
     if index is None:
         assert read.context is not None
-        context = decode_contexts([read.context.payload])[0] if read.context.found else None
+        shape = (sequence, DIM)
+        context = decode_contexts([read.context.payload], sequence=shape)[0] if read.context.found else None
+        if sequence:
+            found = read.context.found
+            seq = decode_sequences([read.context.payload], *shape) if found else np.zeros((1, *shape), np.float32)
         at_ms = int(req.column("request_time").cast(pa.int64())[0].as_py())
         x = context_inputs(context, ads, catalog, surface=int(req.column("surface")[0].as_py()), request_ms=at_ms)
     else:
         x = request_inputs(index, req, catalog)  # the user's last 32 events cut once for the 200 ads
-    return predict_ranker(ranker, x, rep_block(feats, fit_codec("float16", feats)))
+    return predict_ranker(ranker, x, rep_block(feats, fit_codec("float16", feats)), seq)
 
 
 def latency(features: Path, root: Path) -> dict[str, float]:
@@ -193,6 +210,7 @@ def latency(features: Path, root: Path) -> dict[str, float]:
     probe = request_table(int(index.user_ids[0]), catalog.column("item_id").to_numpy()[:2], 0)
     x_probe = inputs_from_batch(build_candidate_batch(index, probe, max_len=32, catalog=catalog))
     ranker = DownstreamRanker(RankerConfig(), dense_dim=x_probe.dense.shape[1], rep_dim=rep_dim).eval()
+    seq_ranker = DownstreamRanker(RankerConfig(), x_probe.dense.shape[1], rep_dim=rep_dim, seq_dim=DIM).eval()
     rng = np.random.default_rng(0)
     has = np.flatnonzero(np.diff(index.offsets) > 0)
     now_ms = int(time.time() * 1000)
@@ -201,19 +219,22 @@ def latency(features: Path, root: Path) -> dict[str, float]:
         (int(index.user_ids[rng.choice(has)]), rng.choice(ad_pool, CANDIDATES, replace=len(ad_pool) < CANDIDATES))
         for _ in range(REQUESTS)
     ]
-    path = root / "store"
-    shutil.rmtree(path, ignore_errors=True)
+    for name in ("store", "store-seq"):
+        shutil.rmtree(root / name, ignore_errors=True)
     policy = ResolverConfig(max_age_s=6 * 3600, fallback_max_age_s=7 * 86400)
-    legs = ["downstream", "downstream_index", "gem"]
+    legs = ["downstream", "downstream_index", "downstream_seq", "gem"]
     times: dict[str, list[float]] = {name: [] for name in legs}
-    with LmdbStore(LmdbConfig(str(path))) as store:
+    with LmdbStore(LmdbConfig(str(root / "store"))) as store, LmdbStore(LmdbConfig(str(root / "store-seq"))) as seqs:
         fill_store(store, index, requests, now_ms)
+        fill_store(seqs, index, requests, now_ms, sequence=SEQUENCE)
         for i, (user, ads) in enumerate([requests[0], *requests]):  # the first one warms up, unrecorded
             req = request_table(user, ads, now_ms)
-            for name in legs[i % 3 :] + legs[: i % 3]:
+            for name in legs[i % len(legs) :] + legs[: i % len(legs)]:
                 start = time.perf_counter()
                 if name == "gem":
                     gem.represent(build_candidate_batch(index, req, max_len=gem.config.max_len, catalog=catalog))
+                elif name == "downstream_seq":
+                    downstream_request(seqs, seq_ranker, None, lookup, req, policy, sequence=SEQUENCE)
                 else:
                     downstream_request(
                         store, ranker, index if name == "downstream_index" else None, lookup, req, policy
@@ -289,6 +310,15 @@ def main() -> None:
         f"GEM live p99 {lat['gem_p99']:.2f} ms / downstream p99 {lat['downstream_p99']:.2f} ms (200 candidates; "
         f"before the context record: {lat['gem_p99'] / lat['downstream_index_p99']:.2f}x; at p50: "
         f"{lat['gem_p50'] / lat['downstream_p50']:.2f}x, before {lat['gem_p50'] / lat['downstream_index_p50']:.2f}x)",
+    )
+    result(
+        "loopfm-serving",
+        2 * lat["downstream_p99"] / lat["downstream_seq_p99"],
+        1,
+        f"ranker with a {SEQUENCE}-long representation sequence p99 {lat['downstream_seq_p99']:.2f} ms vs the "
+        f"snapshot ranker {lat['downstream_p99']:.2f} ms (bound 2x; "
+        f"{lat['downstream_seq_p99'] / lat['downstream_p99']:.2f}x); GEM live is "
+        f"{lat['gem_p99'] / lat['downstream_seq_p99']:.1f}x slower (target >= 10x)",
     )
 
 

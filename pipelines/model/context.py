@@ -7,6 +7,10 @@ item; -1 = padding) and the prefix totals the count features come from
 last event's time). The precompute step writes it as the user's context record
 (``precompute --contexts``, ``OnlineStore.write_contexts``); the downstream ranker's inputs are
 built from it by ``pipelines.transfer.context.context_inputs``.
+
+A context record's payload is the context's bytes, optionally followed by the user's last L
+historical representations (``(L, R)`` float16, :mod:`pipelines.model.rep_history`), so a ranker
+that reads them gets them in the same round trip.
 """
 
 from __future__ import annotations
@@ -20,7 +24,15 @@ import torch
 from pipelines.model.inputs import GemBatch, HistoryIndex, build_candidate_batch
 from pipelines.schemas.enums import EVENT_TYPES
 
-__all__ = ["WINDOW", "context_dtype", "decode_contexts", "encode_contexts", "last_events", "user_contexts"]
+__all__ = [
+    "WINDOW",
+    "context_dtype",
+    "decode_contexts",
+    "decode_sequences",
+    "encode_contexts",
+    "last_events",
+    "user_contexts",
+]
 
 #: Events in a context's window (the downstream ranker's pooled window).
 WINDOW = 32
@@ -66,18 +78,39 @@ def user_contexts(index: HistoryIndex, user_ids: np.ndarray, at_ms: np.ndarray, 
     return out
 
 
-def encode_contexts(contexts: np.ndarray) -> list[bytes]:
-    """One payload per context (its dtype's bytes)."""
-    return [c.tobytes() for c in contexts]
+def encode_contexts(contexts: np.ndarray, sequences: np.ndarray | None = None) -> list[bytes]:
+    """One payload per context (its dtype's bytes), each followed by its row of ``sequences``
+    ``(N, L, R)`` (historical representations, stored as float16) when given."""
+    if sequences is None:
+        return [c.tobytes() for c in contexts]
+    if len(sequences) != len(contexts):
+        raise ValueError(f"{len(sequences)} sequences for {len(contexts)} contexts")
+    halves = np.asarray(sequences, np.float16)
+    return [c.tobytes() + s.tobytes() for c, s in zip(contexts, halves, strict=True)]
 
 
-def decode_contexts(payloads: Iterable[bytes], window: int = WINDOW) -> np.ndarray:
-    """Inverse of :func:`encode_contexts`; raises ValueError on a payload of another layout."""
+def _check_sizes(blobs: list[bytes], expected: int, window: int, what: str) -> None:
+    if any(len(b) != expected for b in blobs):
+        raise ValueError(
+            f"context payloads of {sorted({len(b) for b in blobs})} bytes, expected {expected} ({what}, "
+            f"window {window}); rewrite the contexts with this version's precompute --contexts"
+        )
+
+
+def decode_contexts(payloads: Iterable[bytes], window: int = WINDOW, sequence: tuple[int, int] = (0, 0)) -> np.ndarray:
+    """Inverse of :func:`encode_contexts` for the contexts; ``sequence = (L, R)`` the shape of the
+    representations that follow each (none by default). Raises ValueError on another layout."""
     dtype = context_dtype(window)
     blobs = list(payloads)
-    if any(len(b) != dtype.itemsize for b in blobs):
-        raise ValueError(
-            f"context payloads of {sorted({len(b) for b in blobs})} bytes, expected {dtype.itemsize} "
-            f"(window {window}); rewrite the contexts with this version's precompute --contexts"
-        )
-    return np.frombuffer(b"".join(blobs), dtype=dtype).copy()
+    tail = 2 * sequence[0] * sequence[1]
+    _check_sizes(blobs, dtype.itemsize + tail, window, f"with a {sequence} sequence" if tail else "no sequence")
+    return np.frombuffer(b"".join(b[: dtype.itemsize] for b in blobs), dtype=dtype).copy()
+
+
+def decode_sequences(payloads: Iterable[bytes], length: int, dim: int, window: int = WINDOW) -> np.ndarray:
+    """``(N, length, dim) float32``: the historical representations stored after each context."""
+    head = context_dtype(window).itemsize
+    blobs = list(payloads)
+    _check_sizes(blobs, head + 2 * length * dim, window, f"with a ({length}, {dim}) sequence")
+    halves = np.frombuffer(b"".join(b[head:] for b in blobs), dtype=np.float16)
+    return halves.reshape(len(blobs), length, dim).astype(np.float32)

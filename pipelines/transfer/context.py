@@ -28,13 +28,21 @@ __all__ = ["context_inputs", "request_inputs", "write_user_contexts"]
 
 
 def write_user_contexts(
-    store: OnlineStore, index: HistoryIndex, user_ids: np.ndarray, at_ms: int, *, model_version: str
+    store: OnlineStore,
+    index: HistoryIndex,
+    user_ids: np.ndarray,
+    at_ms: int,
+    *,
+    model_version: str,
+    sequences: np.ndarray | None = None,
 ) -> WriteReport:
-    """Compute the contexts of ``user_ids`` as of ``at_ms`` and store them (computed_at = ``at_ms``)."""
+    """Compute the contexts of ``user_ids`` as of ``at_ms`` and store them (computed_at = ``at_ms``),
+    each followed by its row of ``sequences (N, L, R)`` (historical representations) when given."""
     users = np.asarray(user_ids, np.int64)
     contexts = user_contexts(index, users, np.full(len(users), at_ms, np.int64))
     times = np.full(len(users), at_ms, np.int64)
-    return store.write_contexts(users, encode_contexts(contexts), model_version=model_version, computed_at_ms=times)
+    payloads = encode_contexts(contexts, sequences)
+    return store.write_contexts(users, payloads, model_version=model_version, computed_at_ms=times)
 
 
 def context_inputs(

@@ -155,11 +155,12 @@ class DownstreamRanker(nn.Module):
         self.mlp = nn.Sequential(*layers)
 
     def read_sequence(self, seq: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """``seq (N, L, R)`` (all-zero vectors are padding) -> ``(N, R)``: attention weights from the
-        candidate ``target (N, 3d)`` (item, advertiser, category embeddings), or a masked mean."""
+        """``seq (N|1, L, R)`` (all-zero vectors are padding; one sequence may serve every row, as
+        for the candidates of one request) -> ``(N, R)``: attention weights from the candidate
+        ``target (N, 3d)`` (item, advertiser, category embeddings), or a masked mean."""
         valid = seq.abs().sum(-1) > 0
         if self.seq_query is None:
-            weights = valid.float()
+            weights = valid.float().expand(target.shape[0], -1)
         else:
             scores = (seq @ self.seq_query(target)[:, :, None])[:, :, 0] / math.sqrt(seq.shape[-1])
             weights = torch.softmax(scores.masked_fill(~valid, -1e9), dim=1) * valid
@@ -212,7 +213,9 @@ def _tensors(
     """One minibatch: ids, dense, window, and the representation block and sequence (None: absent)."""
     window = x.window if x.shared_window else x.window[rows]
     out = [torch.from_numpy(x.ids[rows]), torch.from_numpy(x.dense[rows]), torch.from_numpy(window)]
-    r, s = (torch.from_numpy(a[rows]) if a is not None else None for a in (rep, seq))
+    r = torch.from_numpy(rep[rows]) if rep is not None else None
+    shared_seq = seq is not None and seq.shape[0] == 1 and len(x) != 1
+    s = None if seq is None else torch.from_numpy(seq if shared_seq else seq[rows])
     return out[0], out[1], out[2], r, s
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from pipelines.model import GemModel, HistoryIndex
+from pipelines.model.context import context_dtype, decode_contexts, decode_sequences, encode_contexts
 from pipelines.model.rep_history import compute_rep_history, events_needed, rep_history_table, rep_sequences
 from pipelines.schemas.layouts import rep_history_schema
 from pipelines.transfer.data import VerticalSpec, prepare_splits
@@ -119,3 +120,32 @@ def test_the_ranker_ignores_padding_in_the_sequence(world: tuple[pa.Table, pa.Ta
     ranker = fit_ranker(x, splits.train.weights, RankerConfig(epochs=1, hidden=(8,), seq_mode=mode), seq=seq)
     padded = np.concatenate([np.zeros((len(seq), 3, seq.shape[2]), np.float32), seq], axis=1)
     np.testing.assert_allclose(predict_ranker(ranker, x, seq=seq), predict_ranker(ranker, x, seq=padded), rtol=1e-5)
+
+
+def test_a_context_record_carries_the_sequence() -> None:
+    rng = np.random.default_rng(0)
+    contexts = np.zeros(2, context_dtype())
+    contexts["last_ms"] = [5, 7]
+    seq = rng.normal(size=(2, 4, 8)).astype(np.float32)
+    payloads = encode_contexts(contexts, seq)
+    np.testing.assert_array_equal(decode_contexts(payloads, sequence=(4, 8)), contexts)
+    np.testing.assert_array_equal(decode_sequences(payloads, 4, 8), seq.astype(np.float16).astype(np.float32))
+    with pytest.raises(ValueError, match="no sequence"):
+        decode_contexts(payloads)
+
+
+@pytest.mark.parametrize("mode", ["attention", "pool"])
+def test_one_sequence_serves_every_candidate_of_a_request(
+    world: tuple[pa.Table, pa.Table, GemModel], mode: str
+) -> None:
+    histories, examples, _ = world
+    index = HistoryIndex(histories)
+    splits = prepare_splits(index, examples, VerticalSpec(max_train=200, max_validation=50, max_holdout=50))
+    x = ranker_inputs(splits.train.examples, "clicked")
+    seq = np.random.default_rng(1).normal(size=(1, LENGTH, 8)).astype(np.float32)
+    ranker = fit_ranker(
+        x, splits.train.weights, RankerConfig(epochs=1, hidden=(8,), seq_mode=mode), seq=seq.repeat(len(x), 0)
+    )
+    np.testing.assert_allclose(
+        predict_ranker(ranker, x, seq=seq), predict_ranker(ranker, x, seq=seq.repeat(len(x), 0)), rtol=1e-5
+    )
