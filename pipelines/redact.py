@@ -31,6 +31,12 @@ _QUERY = re.compile(
     r"(?i)(?P<head>[?&;](?:password|passwd|pwd|pass|secret|token|api_key|apikey|access_key|sasl_password)=)"
     r"(?P<secret>[^&;\s'\"]+)"
 )
+#: A secret-named command-line flag and its value, as typed (``--sasl_password X``, ``--api-token=X``) or
+#: as Python prints an argument list (``'--sasl_password', 'X'``: Beam's "Discarding unparseable args").
+_FLAG = re.compile(
+    r"(?i)(?P<head>--[\w-]*(?:pass(?:word)?|passwd|secret|token|credential|private[_-]?key|api[_-]?key)[\w-]*"
+    r"(?:=|'?,?\s+'?))(?P<secret>[^\s'\",\]]+)"
+)
 #: Option and field names whose text values are secrets as a whole (``sasl_password``, ``api_token``,
 #: ``s3_secret_access_key``); a number under such a name (``token_budget``) is a count, not a secret.
 _SECRET_NAME = re.compile(r"pass(word)?|passwd|secret|token|credential|private_key|api_?key", re.IGNORECASE)
@@ -65,10 +71,18 @@ def redact(text: str) -> str:
         text = str(text)
     text = _USERINFO.sub(lambda m: f"{m['head']}:{MASK}@", text)
     text = _QUERY.sub(lambda m: f"{m['head']}{MASK}", text)
+    text = _FLAG.sub(_mask_flag, text)
     for secret in sorted(_SECRETS, key=len, reverse=True):
         if secret in text:
             text = text.replace(secret, MASK)
     return text
+
+
+def _mask_flag(match: re.Match[str]) -> str:
+    """The flag with its value masked; a next flag (no value) or a token *budget* (a count) is kept."""
+    if match["secret"].startswith("-") or "budget" in match["head"].lower():
+        return match[0]
+    return f"{match['head']}{MASK}"
 
 
 def redact_fields(values: Mapping[str, Any]) -> dict[str, Any]:

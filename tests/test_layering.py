@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Lowest first. A package may import only packages of a lower layer (and itself).
 LAYERS: list[set[str]] = [
     {"pipelines.schemas", "pipelines", "pipelines.errors", "pipelines.lazy", "pipelines.durations", "pipelines.redact"},
-    {"pipelines.settings"},
+    {"pipelines.settings", "pipelines.secrets"},
     {"pipelines.optional", "pipelines.jobservers", "pipelines.dataflow_job", "pipelines.harness_logs"},
     {"pipelines.io", "pipelines.runners"},
     {"pipelines.features", "pipelines.generator", "pipelines.model", "pipelines.store", "pipelines.inspect"},

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from pipelines import harness_logs, redact
+from pipelines import harness_logs, redact, secrets
 from pipelines.cli import failures
 from pipelines.errors import PipelinesError
 
@@ -121,7 +121,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(args.verbose)
     redact.install()  # stdout, stderr and every log record: no password is ever printed
     try:
-        return int(args._module.run(args))
+        with secrets.scoped():
+            if hasattr(args, "store"):  # workers read the Redis password from the environment, not the URI
+                args.store = secrets.move_store_password(args.store)
+            return int(args._module.run(args))
     except PipelinesError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -17,11 +17,12 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, cast
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from pipelines.errors import ConfigError
 from pipelines.optional import require_on_use
 from pipelines.redact import redact
+from pipelines.secrets import REDIS_PASSWORD
 from pipelines.store.base import Clock, OnlineStore, StoreFullError, StoreOptions, StoreUnavailableError
 from pipelines.store.codec import COMPUTED_AT_OFFSET
 from pipelines.store.uri import FLAG, duration
@@ -244,6 +245,11 @@ def redis_uri_parts(
     a host and a valid port, and the ``namespace`` and ``timeout`` options as :class:`RedisConfig`
     keyword arguments; :class:`ConfigError` otherwise."""
     parts = urlsplit("//" + location)
+    if parts.password is None and (password := REDIS_PASSWORD.read()) is not None:
+        # no password in the URI (the CLI strips it before the pipeline is built): the environment's
+        parts = urlsplit(
+            f"//{quote(parts.username or '', safe='')}:{quote(password, safe='')}@{location.rpartition('@')[2]}"
+        )
     try:
         port = parts.port
     except ValueError as exc:

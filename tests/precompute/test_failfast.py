@@ -63,7 +63,8 @@ def test_a_redis_password_is_in_no_output_of_a_successful_run(world: World, tmp_
     try:
         assert done.returncode == 0, done.stderr[-2000:]
         summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-        assert summary["store"].startswith(f"redis://:{MASK}@127.0.0.1:16379/0")
+        # the CLI moves the password out of the URI (into GEM_REDIS_PASSWORD) before the pipeline is built
+        assert summary["store"].startswith("redis://127.0.0.1:16379/0")
         _nowhere_holds(PLANTED, done, tmp_path)
     finally:
         with open_store(uri) as store:

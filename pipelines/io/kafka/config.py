@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from pipelines.errors import ConfigError
 from pipelines.redact import register_secret
+from pipelines.secrets import SASL_PASSWORD
 
 __all__ = [
     "DEFAULT_BOOTSTRAP",
@@ -50,6 +51,8 @@ class KafkaConnection:
 
     def __post_init__(self) -> None:
         register_secret(self.sasl_password)
+        if self.sasl_password is not None and SASL_PASSWORD.read() is None:
+            SASL_PASSWORD.export(self.sasl_password)  # workers on this host read it there: none is pickled
         if not self.bootstrap_servers or not all(_is_host_port(s) for s in self.bootstrap_servers):
             raise ConfigError(
                 "--bootstrap-servers",
@@ -109,6 +112,27 @@ class KafkaConnection:
                 "pass both --ssl-certfile and --ssl-keyfile, or neither",
             )
 
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
+        """Pickled (into a DoFn, a job graph) without the password: a worker reads it from its own
+        environment or secret file (:data:`pipelines.secrets.SASL_PASSWORD`)."""
+        state = {f.name: getattr(self, f.name) for f in fields(self)}
+        state["sasl_password"] = None
+        return _restore, (state,)
+
+    @property
+    def password(self) -> str | None:
+        """The SASL password: this object's, else the environment's (on a worker)."""
+        if self.sasl_password is not None or not self.sasl_mechanism:
+            return self.sasl_password
+        password = SASL_PASSWORD.read()
+        if password is None:
+            raise ConfigError(
+                SASL_PASSWORD.env,
+                "this worker has no SASL password",
+                f"set {SASL_PASSWORD.env} (or {SASL_PASSWORD.file_env}, a secret file) in the workers' environment",
+            )
+        return password
+
     @property
     def bootstrap(self) -> str:
         return ",".join(self.bootstrap_servers)
@@ -124,7 +148,7 @@ class KafkaConnection:
             kwargs.update(
                 sasl_mechanism=self.sasl_mechanism,
                 sasl_plain_username=self.sasl_username,
-                sasl_plain_password=self.sasl_password,
+                sasl_plain_password=self.password,
             )
         if self.security_protocol in ("SSL", "SASL_SSL"):
             kwargs.update(
@@ -147,7 +171,7 @@ class KafkaConnection:
                 {
                     "sasl.mechanism": self.sasl_mechanism,
                     "sasl.username": self.sasl_username or "",
-                    "sasl.password": self.sasl_password or "",
+                    "sasl.password": self.password or "",
                 }
             )
         optional = {
@@ -157,6 +181,14 @@ class KafkaConnection:
         }
         conf.update({k: v for k, v in optional.items() if v})
         return conf
+
+
+def _restore(state: dict[str, Any]) -> KafkaConnection:
+    """A connection as pickled: already validated where it was built, so no check runs again."""
+    connection = object.__new__(KafkaConnection)
+    for name, value in state.items():
+        object.__setattr__(connection, name, value)
+    return connection
 
 
 def _is_host_port(server: str) -> bool:
@@ -203,7 +235,9 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
 
 def connection_from_args(args: argparse.Namespace) -> KafkaConnection:
     """A validated :class:`KafkaConnection` from the flags of :func:`add_connection_arguments`."""
-    password = args.sasl_password if args.sasl_password is not None else os.environ.get("GEM_KAFKA_SASL_PASSWORD")
+    if args.sasl_password is not None:  # workers on this host inherit it; none is pickled
+        SASL_PASSWORD.export(args.sasl_password)
+    password = SASL_PASSWORD.read()
     return KafkaConnection(
         bootstrap_servers=tuple(s.strip() for s in args.bootstrap_servers.split(",") if s.strip()),
         security_protocol=args.security_protocol,
