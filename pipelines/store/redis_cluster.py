@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from hashlib import sha1
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, cast
-from urllib.parse import urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from pipelines.errors import ConfigError
 from pipelines.optional import require_on_use
@@ -77,13 +77,14 @@ def default_redis_cluster_url() -> str:
 
 @dataclass(frozen=True)
 class RedisClusterConfig(RedisConfig):
-    """:class:`RedisConfig` (``url``: one node, as a redis-py ``redis://`` URL, db 0), and ``layout``
-    (``user``: a hash tag per user; ``pair``: a slot per key), ``failover_timeout_s`` (how long a
-    command keeps retrying while the cluster fails over)."""
+    """:class:`RedisConfig` (``url``: one node, as a redis-py ``redis://`` URL, db 0), ``seeds`` (more
+    nodes to start from, ``host:port``), ``layout`` (``user``: a hash tag per user; ``pair``: a slot
+    per key), ``failover_timeout_s`` (how long a command keeps retrying while the cluster fails over)."""
 
     url: str = "redis://127.0.0.1:17000/0"
     layout: Layout = "user"
     failover_timeout_s: float = 30.0
+    seeds: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -108,10 +109,16 @@ class RedisClusterStore(RedisStore):
 
     @classmethod
     def config_from_uri(cls, uri: str, location: str, options: dict[str, str]) -> RedisClusterConfig:
-        """``redis-cluster://[[user]:password@]host:port``; options ``namespace``, ``timeout``, ``layout``,
+        """``redis-cluster://[[user]:password@]host:port[,host:port...]``: one node, or several so that a
+        client can start while one is down; options ``namespace``, ``timeout``, ``layout``,
         ``failover_timeout``."""
-        form, example = "redis-cluster://host:port", DEFAULT_REDIS_CLUSTER_URL
-        parts, kwargs = redis_uri_parts(uri, location, options, form, example)
+        form, example = "redis-cluster://host:port[,host:port...]", DEFAULT_REDIS_CLUSTER_URL
+        netloc, slash, path = location.partition("/")
+        auth, at, hosts = netloc.rpartition("@")
+        first, *others = hosts.split(",")
+        parts, kwargs = redis_uri_parts(uri, f"{auth}{at}{first}{slash}{path}", options, form, example)
+        for host in others:
+            redis_uri_parts(uri, host, {}, form, example)  # each names a host and a valid port
         if parts.path.strip("/") not in ("", "0"):
             raise ConfigError(
                 FLAG, f"{uri!r} names database {parts.path.strip('/')}", f"a cluster has only db 0: {form}"
@@ -123,7 +130,7 @@ class RedisClusterStore(RedisStore):
         if "{" in kwargs["namespace"] or "}" in kwargs["namespace"]:
             raise ConfigError(FLAG, f"namespace in {uri!r} holds a brace", "give a namespace without { or }")
         url = urlunsplit(("redis", parts.netloc, "/0", "", ""))
-        return RedisClusterConfig(url, layout=layout, failover_timeout_s=wait, **kwargs)
+        return RedisClusterConfig(url, layout=layout, failover_timeout_s=wait, seeds=tuple(others), **kwargs)
 
     def __init__(
         self, config: RedisClusterConfig, options: StoreOptions | None = None, clock: Clock | None = None
@@ -135,8 +142,14 @@ class RedisClusterStore(RedisStore):
         self._loaded: set[str] = set()  # nodes known to hold the newest-wins script
         with self._errors(), self._auth_errors():
             try:
+                from redis.cluster import ClusterNode
+
+                seeds = [ClusterNode(u.hostname, u.port) for u in (urlsplit("//" + host) for host in config.seeds)]
                 self._cluster: RedisCluster = redis.RedisCluster.from_url(
-                    config.url, socket_timeout=config.timeout_s, socket_connect_timeout=config.timeout_s
+                    config.url,
+                    startup_nodes=seeds,
+                    socket_timeout=config.timeout_s,
+                    socket_connect_timeout=config.timeout_s,
                 )
             except redis.exceptions.RedisClusterException as exc:
                 if any(word in str(exc) for word in ("AUTH", "WRONGPASS", "invalid username-password")):

@@ -248,3 +248,32 @@ def test_lookup_answers_the_same_from_the_cluster_and_from_lmdb(
             lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
             answers.append([{k: v for k, v in a.items() if k != "age_s"} for a in lines])
         assert answers[0] == answers[1] and len(answers[0]) == 6
+
+
+def test_a_shard_with_no_live_node_stops_writes_with_a_clear_error_and_a_rerun_completes(
+    private_cluster: PrivateCluster,
+) -> None:
+    from redis.crc import key_slot
+
+    from tests.store.reps import grid, reps
+
+    table = reps(grid(40, 5))
+    uri = private_cluster.uri(f"gem-down:{uuid.uuid4().hex[:8]}:", failover_timeout="3s")
+    with open_store(uri) as store:
+        assert isinstance(store, RedisClusterStore)
+        node = store._cluster.nodes_manager.get_node_from_slot(key_slot(store._key((7).to_bytes(8, "big"))))
+        master = int(node.port)
+    replica = next(p for p in private_cluster.ports if private_cluster.master_of(p) == master)
+    private_cluster.kill(replica)
+    private_cluster.kill(master)  # user 7's slot has no live node now
+    with open_store(uri) as store, pytest.raises(StoreUnavailableError) as caught:
+        store.write_batch(table)
+    message = str(caught.value)
+    assert "still failing after 3s" in message and "Fix:" in message and "redis-cli --cluster check" in message
+    assert private_cluster.password not in message
+
+    restarted = private_cluster.script("up")  # both nodes come back (the shard's data is gone: no persistence)
+    assert restarted.returncode == 0, restarted.stderr
+    with open_store(uri) as store:  # the rerun
+        assert store.write_batch(table).written == table.num_rows
+        assert store.read_batch(grid(40, 5)).found.all()

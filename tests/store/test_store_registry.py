@@ -89,3 +89,5 @@ def test_every_registered_backend_imports_and_parses_without_io() -> None:
         5.0,
     )
     assert parse_store_uri("redis-cluster://127.0.0.1:17000").config.layout == "user"  # type: ignore[attr-defined]
+    several = parse_store_uri("redis-cluster://:pw@10.0.0.1:7000,10.0.0.2:7001,[::1]:7002").config
+    assert (several.url, several.seeds) == ("redis://:pw@10.0.0.1:7000/0", ("10.0.0.2:7001", "[::1]:7002"))  # type: ignore[attr-defined]

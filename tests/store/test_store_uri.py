@@ -77,6 +77,7 @@ def test_durations(text: str, seconds: float) -> None:
         ("redis-cluster://127.0.0.1:17000?namespace=a{b}:", "brace"),
         ("redis-cluster://127.0.0.1:17000?failover_timeout=never", "failover_timeout='never'"),
         ("redis-cluster:///", "not redis-cluster://host:port"),
+        ("redis-cluster://127.0.0.1:17000,127.0.0.1:x", "bad port"),
         ("redis-cluster://127.0.0.1:17000?map_size_gb=1", "unknown option"),
         ("no_such_pkg.mod:Store://x", "cannot import the store backend"),
         ("pipelines.store.codec:Nope://x", "cannot import the store backend"),
