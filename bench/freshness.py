@@ -47,7 +47,7 @@ import numpy as np  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from bench.common import QUICK, WORK, result, untrained_model  # noqa: E402
+from bench.common import QUICK, WORK, kafka_connection, result, untrained_model  # noqa: E402
 
 BOUND_S = 2.0
 FLUSH_S = 0.25
@@ -196,12 +196,11 @@ def _p50(lat: np.ndarray) -> float:
 def measure(rate: int) -> Legs:
     """One streaming job on a fresh topic fed ``rate`` events/s for SECONDS: both legs' latencies."""
     from pipelines.cli.produce import Pacer
-    from pipelines.io.kafka.config import DEFAULT_BOOTSTRAP, KafkaConnection
     from pipelines.io.kafka.produce import KafkaSink, delete_topics, ensure_topic
     from pipelines.store.redis_store import default_redis_url
 
-    bootstrap = os.environ.get("GEM_KAFKA_BOOTSTRAP", DEFAULT_BOOTSTRAP)
-    connection = KafkaConnection(bootstrap_servers=(bootstrap,))
+    connection = kafka_connection()
+    bootstrap = connection.bootstrap
     topic, group = f"bench-fresh-{uuid.uuid4().hex[:8]}", f"bench-fresh-{uuid.uuid4().hex[:8]}"
     out = WORK / "freshness" / topic
     out.mkdir(parents=True, exist_ok=True)

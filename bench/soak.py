@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(_HERE))
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
-from bench.common import QUICK, WORK, generate, result  # noqa: E402
+from bench.common import QUICK, WORK, generate, kafka_connection, result  # noqa: E402
 
 GOAL = 20_000
 RATE = int(os.environ.get("SOAK_RATE", 5_000 if QUICK else GOAL))
@@ -74,14 +74,13 @@ def _free_port() -> int:
 
 
 def main() -> None:
-    from pipelines.io.kafka.config import DEFAULT_BOOTSTRAP, KafkaConnection
     from pipelines.io.kafka.produce import delete_topics, ensure_topic
 
+    connection = kafka_connection()  # no broker: the fix, before the events are generated
+    bootstrap = connection.bootstrap
     total = RATE * SECONDS
     users = max(1_000, total // (4 * 14))
     events = generate(users, 14, WORK / "soak" / f"events-{users}x14.parquet")
-    bootstrap = os.environ.get("GEM_KAFKA_BOOTSTRAP", DEFAULT_BOOTSTRAP)
-    connection = KafkaConnection(bootstrap_servers=(bootstrap,))
     topic = f"bench-soak-{uuid.uuid4().hex[:8]}"
     ensure_topic(connection, topic, 4, configs={"retention.ms": "-1"})
     out, port = WORK / "soak" / topic, _free_port()

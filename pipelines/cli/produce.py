@@ -7,7 +7,7 @@ candidate-set message per request and stage, in time order), creates --topic wit
 exist, and sends every record with acks=all; the command ends only after the
 broker acknowledged all of them. --rate caps messages per second (e.g. to feed
 a streaming job at a steady rate). Connection flags (or GEM_KAFKA_* variables)
-point it at any cluster; see the README's Kafka section.
+point it at any cluster (docs/guides/kafka.md).
 """
 
 from __future__ import annotations

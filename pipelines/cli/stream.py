@@ -269,7 +269,8 @@ def _flink_options(beam_args: list[str]) -> PipelineOptions:
         "job_name": f"gem-stream-{uuid.uuid4().hex[:12]}",  # so that the driver can cancel it by name
         **JOB_SERVER_TIMEOUT,
     }
-    # finish_bundle_before_checkpointing: README "stream on Flink", the start-up stall
+    # finish_bundle_before_checkpointing: a bundle still open at a checkpoint would hold Create's one
+    # output until a next bundle that never comes (docs/operations/flink.md)
     required = {"runner": "FlinkRunner", "streaming": None, "finish_bundle_before_checkpointing": None}
     flags_ = merge_flags(beam_args, required=required, defaults=defaults)
     options = PipelineOptions(flags_, save_main_session=False, pickle_library="cloudpickle")
