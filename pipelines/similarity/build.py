@@ -42,6 +42,7 @@ from pipelines.similarity.artifact import (
 from pipelines.similarity.faiss_ops import faiss
 from pipelines.similarity.ondisk import (
     IVFDATA_NAME,
+    MappedIndex,
     Part,
     concat_vectors,
     exact_search_files,
@@ -302,11 +303,12 @@ def finish_parts(
     base = ops.deserialize(trained)
     layout: Layout
     if ops.nlist_of(base) is not None:
-        index, layout, files = merge_lists(base, parts, folder), "ondisk", [INDEX_NAME, IVFDATA_NAME]
-        faiss.write_index(index, str(folder / INDEX_NAME))
-        held = [index]
+        merged, layout, files = merge_lists(base, parts, folder), "ondisk", [INDEX_NAME, IVFDATA_NAME]
+        faiss.write_index(merged, str(folder / INDEX_NAME))
+        del merged  # unmaps the lists: tuning maps them a batch of queries at a time
+        index = MappedIndex(folder / INDEX_NAME)
     else:
-        held = [faiss.read_index(str(p.index)) for p in parts] or [base]
+        held = [faiss.read_index(str(p.index)) for p in parts] or [base]  # small inputs only: see auto
         index, layout = _combine(held)
         files = [INDEX_NAME] if layout == "merged" else _shard_files(len(held))
         for part, name in zip([index] if layout == "merged" else held, files, strict=True):

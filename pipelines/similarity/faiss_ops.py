@@ -53,6 +53,7 @@ _MIN_TRAIN = 65_536
 
 __all__ = [
     "RefinedIndex",
+    "SearchWrapper",
     "base_factory",
     "exact_search",
     "faiss",
@@ -100,13 +101,19 @@ def new_index(factory: str, dim: int, metric: Metric) -> Any:
     try:
         if refine and not base:
             raise RuntimeError("a refine step needs a base index")
-        return faiss.index_factory(dim, base, METRICS[metric])
+        index = faiss.index_factory(dim, base, METRICS[metric])
     except RuntimeError as exc:
         raise ConfigError(
             "--factory",
             f"faiss cannot build {factory!r} for dim {dim}",
             "pass a faiss factory string such as Flat, HNSW32, IVF1024,Flat, IVF1024,PQ16 or IVF1024,PQ32,RFlat",
         ) from exc
+    for owner in (index, faiss.extract_index_ivf(index) if nlist_of(index) is not None else None):
+        if owner is not None and hasattr(owner, "do_polysemous_training"):
+            # polysemous training (a simulated annealing over code order, for Hamming pre-filtering,
+            # which no search here uses) is most of a PQ index's training time
+            owner.do_polysemous_training = False
+    return index
 
 
 def nlist_of(index: Any) -> int | None:
@@ -249,8 +256,8 @@ def set_search_params(index: Any, params: str) -> None:
     """Apply ``"nprobe=8"`` / ``"efSearch=128"`` style parameters (also to each shard of an IndexShards)."""
     if not params:
         return
-    if isinstance(index, RefinedIndex):
-        set_search_params(index.base, params)
+    if isinstance(index, SearchWrapper):
+        index.set_search_params(params)
         return
     if isinstance(index, faiss.IndexShards):
         for i in range(index.count()):
@@ -286,7 +293,8 @@ def recall_at_k(found: np.ndarray, truth: np.ndarray) -> float:
 
 
 def _candidates(index: Any) -> tuple[str, list[int]] | None:
-    index = index.base if isinstance(index, RefinedIndex) else index
+    if isinstance(index, SearchWrapper):
+        return _candidates(index.inner)
     first = faiss.downcast_index(index.at(0)) if isinstance(index, faiss.IndexShards) else index
     nlist = nlist_of(first)
     if nlist is not None:
@@ -330,13 +338,27 @@ def tune_search(
     return params, got
 
 
-class RefinedIndex:
+class SearchWrapper:
+    """A searcher around a faiss index (``inner``, whose type decides the search knob) that searches
+    like one: ``search(queries (Q, D), k) -> (scores, positions)``; parameters go to ``inner``."""
+
+    inner: Any
+
+    def set_search_params(self, params: str) -> None:
+        set_search_params(self.inner, params)
+
+
+class RefinedIndex(SearchWrapper):
     """A compressed ``base`` index whose ``k_factor`` x k candidates are re-ranked exactly on
     ``vectors (N, D)`` (float16 or float32, memory-mapped is fine: only candidate rows are read).
     Searches like a faiss index: ``search(queries (Q, D), k) -> (scores, positions) (Q, k)``."""
 
     def __init__(self, base: Any, vectors: np.ndarray, metric: Metric, k_factor: int = REFINE_K_FACTOR) -> None:
         self.base, self.vectors, self.metric, self.k_factor = base, vectors, metric, k_factor
+
+    @property
+    def inner(self) -> Any:
+        return self.base
 
     @property
     def ntotal(self) -> int:

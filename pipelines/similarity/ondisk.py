@@ -22,7 +22,10 @@ On a runner whose workers sit on several hosts, ``PARTS_DIR`` must be a folder t
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +38,7 @@ from pipelines.similarity.faiss_ops import faiss
 
 __all__ = [
     "IVFDATA_NAME",
+    "MappedIndex",
     "Part",
     "concat_vectors",
     "exact_search_files",
@@ -46,7 +50,8 @@ __all__ = [
 ]
 
 IVFDATA_NAME = "lists.ivfdata"
-CHUNK_ROWS = 131_072
+CHUNK_ROWS = 65_536
+_LIBC = ctypes.CDLL(None)
 _NPY_HEADER_READ = 4096
 
 
@@ -141,8 +146,55 @@ def merge_lists(trained: Any, parts: list[Part], folder: str | Path) -> Any:
 
 
 def read_index_file(path: str | Path) -> Any:
-    """Read an index file; on-disk inverted lists are mapped read-only from the file's own folder."""
-    return faiss.read_index(str(path), faiss.IO_FLAG_ONDISK_SAME_DIR | faiss.IO_FLAG_READ_ONLY)
+    """Read an index file; on-disk inverted lists are mapped read-only from the file's own folder
+    (faiss prints a line to the C stdout when it does so: kept off this process's stdout, which
+    a command's JSON output may be)."""
+    with _c_stdout_silenced():
+        return faiss.read_index(str(path), faiss.IO_FLAG_ONDISK_SAME_DIR | faiss.IO_FLAG_READ_ONLY)
+
+
+@contextlib.contextmanager
+def _c_stdout_silenced() -> Iterator[None]:
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 1)
+            try:
+                yield
+            finally:
+                _LIBC.fflush(None)
+                os.dup2(saved, 1)
+    finally:
+        os.close(saved)
+
+
+class MappedIndex(ops.SearchWrapper):
+    """An on-disk index file searched ``batch`` queries at a time, its lists mapped afresh for each
+    batch: the list pages a search touches leave the process with the batch, so searching many
+    queries (tuning) keeps the process at one batch's share of the lists."""
+
+    def __init__(self, path: str | Path, batch: int = 64) -> None:
+        self.path, self.batch, self.params = Path(path), batch, ""
+        self.inner = read_index_file(self.path)  # the quantizer and list offsets; for type and sizes
+        self.ntotal, self.d = int(self.inner.ntotal), int(self.inner.d)
+
+    def set_search_params(self, params: str) -> None:
+        ops.set_search_params(self.inner, params)
+        self.params = params
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        scores, found = [], []
+        for start in range(0, len(queries), self.batch):
+            index = read_index_file(self.path)
+            ops.set_search_params(index, self.params)
+            s, f = index.search(np.ascontiguousarray(queries[start : start + self.batch]), k)
+            scores.append(s)
+            found.append(f)
+            del index  # unmaps its lists
+        if not scores:
+            return np.zeros((0, k), np.float32), np.zeros((0, k), np.int64)
+        return np.concatenate(scores), np.concatenate(found)
 
 
 def _npy_layout(path: Path) -> tuple[int, tuple[int, ...], np.dtype]:
