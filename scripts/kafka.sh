@@ -9,6 +9,8 @@
 # Everything lives under $KAFKA_STATE (default .cache/kafka, git-ignored):
 #   libs/  jars from Maven Central (deploy/kafka/pom.xml), data/  the log dirs,
 #   logs/server.log, kafka.pid, cluster.id, server.properties (rendered).
+# $KAFKA_LIBS (default $KAFKA_STATE/libs) may name another state's resolved libs/: the tests' private
+# brokers (tests/fixtures/kafka.py) reuse .cache/kafka/libs with a data dir and ports of their own.
 # `up` is idempotent: a running broker is left alone. Ports (127.0.0.1 only):
 #   $KAFKA_PORT (default 19092) PLAINTEXT, +1 controller, +2 SASL_PLAINTEXT (PLAIN, user gem).
 set -euo pipefail
@@ -21,7 +23,7 @@ CONTROLLER_PORT=$((PORT + 1))
 SASL_PORT=$((PORT + 2))
 HEAP="${KAFKA_HEAP:--Xms256m -Xmx512m}"
 WAIT_S="${KAFKA_WAIT_S:-120}"
-LIBS="$STATE/libs"
+LIBS="${KAFKA_LIBS:-$STATE/libs}"
 PIDFILE="$STATE/kafka.pid"
 LOG="$STATE/logs/server.log"
 JAVA="${JAVA:-java}"

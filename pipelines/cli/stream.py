@@ -10,6 +10,10 @@ nothing and, deduplicating by event_id, counts nothing twice. Malformed messages
 go to OUTPUT/dead_letters/ (and --dead-letter-topic). --idle-exit makes the job
 finish once no message came for that long (tests, backfills).
 
+A broker outage is ridden out for up to --broker-timeout (default 2m, as replay's reader):
+the job retries, logging one line when the broker goes away and one when it is back;
+longer, it fails (exit 2) and, restarted, resumes from its committed offsets.
+
 One --output belongs to one --group and --topic: the first start records them (and the
 topic's partition count) in OUTPUT/_stream.json, and every commit names the output. A
 start that would resume an output from another output's commits, or with another group,
@@ -97,6 +101,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "share the worker's cores (default: %(default)s)",
     )
     flags.add_max_future(parser)
+    flags.add_duration(
+        parser,
+        "--broker-timeout",
+        "2m",
+        "ride out a Kafka outage this long (the job retries, logging when the broker goes and when it is "
+        "back); longer, it fails",
+    )
     flags.add_metrics_port(parser, "lag, rates, freshness")
     flags.add_kafka_connection(parser)
     group = parser.add_argument_group(
@@ -128,6 +139,7 @@ def stream_config(args: argparse.Namespace, on_flink: bool) -> StreamConfig:
         device=args.device,
         torch_threads=args.torch_threads,
         max_future_s=args.max_future,
+        broker_timeout_s=args.broker_timeout,
         state="keyed" if on_flink else "worker",
     )
 
@@ -158,7 +170,9 @@ def run(args: argparse.Namespace) -> int:
     from pipelines.streaming.job import build_stream, start_offsets
     from pipelines.streaming.lag import watch_stream
 
-    logging.getLogger("kafka").setLevel(logging.WARNING)
+    # kafka-python logs every failed request of an outage (dozens of lines a second); the job's
+    # broker watch (pipelines.io.kafka.outage) says it once when the broker goes and once when it is back.
+    logging.getLogger("kafka").setLevel(logging.DEBUG if args.verbose else logging.CRITICAL)
     on_flink = _runner(args.beam_args) == "FlinkRunner"
     config = stream_config(args, on_flink)
     flags.check_port_free(args.metrics_port)
@@ -176,14 +190,28 @@ def run(args: argparse.Namespace) -> int:
             config = _claim(config, len(starts), commits)
             p = beam.Pipeline(options=options)
             build_stream(p, connection, config, starts)
-            if on_flink:
-                _run_on_flink(p, connection, config, args.idle_exit)
-            else:
-                p.run().wait_until_finish()
+            _run(p, connection, config, args.idle_exit, on_flink)
     finally:
         stop_watching()
     print(f"stream: {args.topic} finished (idle for {args.idle_exit} s); histories in {args.output}/histories")
     return 0
+
+
+def _run(p: Any, connection: Any, config: StreamConfig, idle_exit: float | None, on_flink: bool) -> None:
+    """Run the job; one whose broker stayed away past --broker-timeout fails with that error (its
+    workers run in this process on Prism: the process's broker watch knows)."""
+    from pipelines.io.kafka.outage import BrokerUnavailableError, broker_watch
+
+    watch = broker_watch(connection, config.broker_timeout_s)
+    try:
+        if on_flink:
+            _run_on_flink(p, connection, config, idle_exit)
+        else:
+            p.run().wait_until_finish()
+    except Exception as exc:
+        if watch.expired():
+            raise BrokerUnavailableError(watch.expired_message()) from exc
+        raise
 
 
 def _claim(config: StreamConfig, partitions: int, commits: Any) -> StreamConfig:

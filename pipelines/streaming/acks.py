@@ -112,8 +112,13 @@ class CommitOffsetsFn(beam.DoFn):
     def setup(self) -> None:
         from kafka import KafkaConsumer
 
-        self._consumer = KafkaConsumer(
-            **self._connection.kafka_python(), group_id=self._config.group, enable_auto_commit=False
+        from pipelines.io.kafka.outage import LazyClient, broker_watch
+
+        self._watch = broker_watch(self._connection, self._config.broker_timeout_s)
+        self._consumer = LazyClient(
+            lambda: KafkaConsumer(
+                **self._connection.kafka_python(), group_id=self._config.group, enable_auto_commit=False
+            )
         )
         self._registered: dict[int, int] = {}  # partition -> the offset a pending finalization commits
 
@@ -151,10 +156,12 @@ class CommitOffsetsFn(beam.DoFn):
 
         tp = TopicPartition(self._config.topic, partition)
         try:
-            self._consumer.commit({tp: OffsetAndMetadata(offset, self._config.commit_metadata, -1)})
-        except KafkaError as exc:  # broker away
-            log.warning("%s/%s: commit of %d failed (%r); retrying later", tp.topic, partition, offset, exc)
+            self._consumer.get().commit({tp: OffsetAndMetadata(offset, self._config.commit_metadata, -1)})
+        except KafkaError as exc:  # broker away: the watch logs the outage once, and bounds it
+            log.debug("%s/%s: commit of %d failed (%r); retrying later", tp.topic, partition, offset, exc)
+            self._watch.failed(exc)
             return False
+        self._watch.ok()
         return True
 
     def teardown(self) -> None:

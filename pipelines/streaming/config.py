@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipelines.errors import ConfigError
+from pipelines.io.kafka.outage import DEFAULT_LIMIT_S
 from pipelines.settings import CANDIDATE_TTL, FLUSH_INTERVAL, MAX_FUTURE, MAX_HISTORY, NUM_SHARDS
 
 __all__ = ["StreamConfig"]
@@ -24,6 +25,8 @@ class StreamConfig:
     flush_interval_s: float = FLUSH_INTERVAL.seconds
     idle_exit_s: float | None = None
     redeliver_after_s: float = 15.0
+    #: How long the broker may stay unreachable before the job fails (it retries until then).
+    broker_timeout_s: float = DEFAULT_LIMIT_S
     histories_topic: str | None = None
     dead_letter_topic: str | None = None
     model: str | None = None
@@ -55,6 +58,8 @@ class StreamConfig:
         MAX_HISTORY.check(self.max_history)
         if not 0.01 <= self.flush_interval_s <= 3600:
             raise ConfigError("--flush-interval", f"got {self.flush_interval_s}", "pass 0.01..3600 seconds")
+        if not 1 <= self.broker_timeout_s <= 86_400:
+            raise ConfigError("--broker-timeout", f"got {self.broker_timeout_s}", "pass 1 s .. 1 d")
         if self.idle_exit_s is not None and self.idle_exit_s <= 0:
             raise ConfigError("--idle-exit", f"got {self.idle_exit_s}", "pass a positive number of seconds")
         if (self.model is None) != (self.store is None):

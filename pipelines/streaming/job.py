@@ -56,6 +56,7 @@ from apache_beam.utils.timestamp import Duration
 from pipelines.features.decode import decode_indexed
 from pipelines.io.kafka.config import KafkaConnection
 from pipelines.io.kafka.consume import PartitionPoller
+from pipelines.io.kafka.outage import LazyClient, broker_watch
 from pipelines.io.shards import split_by_shard
 from pipelines.schemas.layouts import EVENT
 from pipelines.streaming.acks import CommitOffsetsFn, CommitOnCheckpointFn, WriteDeadLettersFn, open_sink
@@ -117,11 +118,15 @@ class _ReadPartitionFn(beam.DoFn):
 
         from pipelines.io.kafka.consume import KafkaPythonFetcher
 
-        self._poller = PartitionPoller(self._connection)
-        self._group = KafkaConsumer(
-            **self._connection.kafka_python(), group_id=self._config.group, enable_auto_commit=False
+        self._watch = broker_watch(self._connection, self._config.broker_timeout_s)
+        self._poller = PartitionPoller(self._connection, watch=self._watch)
+        # Connected on first use: a worker that starts during an outage must not fail its setup.
+        self._group = LazyClient(
+            lambda: KafkaConsumer(
+                **self._connection.kafka_python(), group_id=self._config.group, enable_auto_commit=False
+            )
         )
-        self._refetch = KafkaPythonFetcher(self._connection, stall_s=30)
+        self._refetch = KafkaPythonFetcher(self._connection, stall_s=self._config.broker_timeout_s)
         self._idle_since: dict[int, float] = {}
         self._last_tick: dict[int, float] = {}
         self._commits: dict[int, tuple[int, float, float]] = {}  # partition -> (committed, since, checked)
@@ -174,6 +179,9 @@ class _ReadPartitionFn(beam.DoFn):
         limit = self._config.idle_exit_s
         if limit is None or self._config.state == "keyed":
             return False
+        if self._watch.down:  # a broker away is no quiet topic
+            self._idle_since.pop(partition, None)
+            return False
         since = self._idle_since.setdefault(partition, time.monotonic())
         committed = self._commits.get(partition, (-1, 0.0, 0.0))[0]
         return time.monotonic() - since > limit and committed >= position
@@ -193,10 +201,12 @@ class _ReadPartitionFn(beam.DoFn):
         if now - checked < 1.0:
             return
         try:
-            found = self._group.committed(TopicPartition(element.topic, p))
-        except KafkaError:  # broker away: look again later
+            found = self._group.get().committed(TopicPartition(element.topic, p))
+        except KafkaError as exc:  # broker away: look again later
+            self._watch.failed(exc)
             self._commits[p] = (seen, since, now)
             return
+        self._watch.ok()
         committed = element.start if found is None else int(found)
         if committed != seen or committed >= position:
             self._commits[p] = (committed, now, now)

@@ -53,7 +53,7 @@ def keyed(lines: list[bytes]) -> list[bytes | None]:
     return [_key_of(v) for v in lines]
 
 
-def stream_cmd(topic: str, group: str, output: Path, *extra: str) -> list[str]:
+def stream_cmd(topic: str, group: str, output: Path, *extra: str, bootstrap: str = BOOTSTRAP) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -70,12 +70,12 @@ def stream_cmd(topic: str, group: str, output: Path, *extra: str) -> list[str]:
         "--flush-interval",
         "0.3",
         "--bootstrap-servers",
-        BOOTSTRAP,
+        bootstrap,
         *extra,
     ]
 
 
-def replay(topic: str, output: Path) -> pa.Table:
+def replay(topic: str, output: Path, bootstrap: str = BOOTSTRAP) -> pa.Table:
     subprocess.run(
         [
             sys.executable,
@@ -89,7 +89,7 @@ def replay(topic: str, output: Path) -> pa.Table:
             "--num-shards",
             "4",
             "--bootstrap-servers",
-            BOOTSTRAP,
+            bootstrap,
         ],
         check=True,
         capture_output=True,

@@ -140,6 +140,7 @@ def test_a_failed_refresh_fails_the_next_call_and_never_acknowledges() -> None:
         ({"model": "m", "store": "lmdb:///tmp/s", "candidate_ttl_s": 0}, "--candidate-ttl"),
         ({"model": "m", "store": "lmdb:///tmp/s", "torch_threads": 0}, "--torch-threads"),
         ({"model": "m", "store": "lmdb:///tmp/s", "device": "tpu"}, "--device"),
+        ({"broker_timeout_s": 0}, "--broker-timeout"),
     ],
 )
 def test_a_bad_refresh_setting_names_its_flag(changes: dict, flag: str) -> None:

@@ -25,6 +25,7 @@ import numpy as np
 
 from pipelines.errors import ConfigError, PipelinesError
 from pipelines.io.kafka.config import KafkaConnection
+from pipelines.io.kafka.outage import DEFAULT_LIMIT_S, BrokerWatch
 from pipelines.io.kafka.ranges import PartitionRange
 from pipelines.io.kafka.records import Records, RecordsError, parse_records
 from pipelines.io.payloads import Payloads
@@ -45,11 +46,14 @@ log = logging.getLogger(__name__)
 
 BACKENDS = ("kafka-python", "confluent")
 #: How long a fetch waits without progress (broker down, range past the log end) before failing.
-DEFAULT_STALL_S = 120.0
+DEFAULT_STALL_S = DEFAULT_LIMIT_S
 #: Pause before retrying a fetch that failed with a retriable error.
 _RETRY_S = 0.2
 #: How long the broker may hold a Fetch for data to arrive (no long poll: ranges end at known offsets).
 _FETCH_WAIT_MS = 10
+#: How long a streaming poll waits for the broker's answer (the broker holds a poll well under a
+#: second): one that stops answering (a paused or partitioned broker) is an outage after this long.
+POLL_TIMEOUT_S = 10.0
 #: The end of an unbounded partition range (a streaming read).
 _UNBOUNDED = 2**62
 
@@ -299,15 +303,25 @@ class PartitionPoller:
     poll at that position.
     """
 
-    def __init__(self, connection: KafkaConnection, *, max_batch: int = 5_000, partition_bytes: int = 1 << 20) -> None:
-        self._max_batch = max_batch
-        self._fetcher = KafkaPythonFetcher(connection, partition_bytes=partition_bytes)
+    def __init__(
+        self,
+        connection: KafkaConnection,
+        *,
+        max_batch: int = 5_000,
+        partition_bytes: int = 1 << 20,
+        watch: BrokerWatch | None = None,
+        request_timeout_s: float = POLL_TIMEOUT_S,
+    ) -> None:
+        self._max_batch, self._watch = max_batch, watch
+        self._fetcher = KafkaPythonFetcher(connection, partition_bytes=partition_bytes, timeout_s=request_timeout_s)
         self._kept: dict[tuple[str, int], tuple[int, Records]] = {}  # (topic, partition) -> (position, Records)
 
     def poll(
         self, topic: str, partition: int, position: int, timeout_s: float = 0.2
     ) -> tuple[MessageBatch | None, int]:
-        """A retriable error (the broker away, a leader moving) reads as "nothing now": the caller polls again."""
+        """A retriable error (the broker away, a leader moving) reads as "nothing now": the caller polls again.
+        With a ``watch``, each outcome goes to it (one log line per outage; :class:`BrokerUnavailableError`
+        once the broker has been away for its limit); without, each failure is logged."""
         from kafka.errors import KafkaError, OffsetOutOfRangeError
 
         kept = self._kept.pop((topic, partition), None)
@@ -325,9 +339,14 @@ class PartitionPoller:
         except (KafkaError, OSError) as exc:
             if not _retriable(exc):
                 raise
-            log.warning("%s/%s at offset %s: %s (polling again)", topic, partition, position, exc)
+            if self._watch is None:
+                log.warning("%s/%s at offset %s: %s (polling again)", topic, partition, position, exc)
+            else:
+                self._watch.failed(exc)
             time.sleep(timeout_s)  # a refused connection fails at once: no busy loop while the broker is away
             return None, position
+        if self._watch is not None:
+            self._watch.ok()
         if not len(records.offsets):
             return None, max(position, records.next_offset)
         n = min(self._max_batch, len(records.offsets))
