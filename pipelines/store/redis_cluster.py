@@ -160,25 +160,30 @@ class RedisClusterStore(RedisStore):
     # -- keys and routing ---------------------------------------------------------------
     def _key(self, key: bytes) -> bytes:
         """The cluster key of a codec key (its first 8 bytes are the user id)."""
-        if self.config.layout == "pair":
-            return self._prefix + key
-        return b"%s{%d}%s" % (self._prefix, int.from_bytes(key[:8], "big", signed=True), key[8:])
+        return self._route([key])[0][0]
 
-    def _slots(self, keys: list[bytes], full: list[bytes]) -> dict[int, list[int]]:
-        """slot -> the rows of ``keys`` in it (``full``: their cluster keys)."""
+    def _route(self, keys: list[bytes]) -> tuple[list[bytes], dict[int, list[int]]]:
+        """The cluster keys of codec keys (their first 8 bytes are the user id), and slot -> the rows
+        in that slot. With a hash tag per user, the tag and its slot are made once per user."""
         from redis.crc import key_slot
 
         groups: dict[int, list[int]] = {}
         if self.config.layout == "pair":
+            full = [self._prefix + key for key in keys]
             for i, key in enumerate(full):
                 groups.setdefault(key_slot(key), []).append(i)
-            return groups
-        users: dict[bytes, list[int]] = {}
+            return full, groups
+        tags: dict[bytes, tuple[bytes, list[int]]] = {}
+        full = []
         for i, key in enumerate(keys):
-            users.setdefault(key[:8], []).append(i)
-        for rows in users.values():
-            groups.setdefault(key_slot(full[rows[0]]), []).extend(rows)
-        return groups
+            user = key[:8]
+            found = tags.get(user)
+            if found is None:
+                tag = b"%s{%d}" % (self._prefix, int.from_bytes(user, "big", signed=True))
+                found = tags[user] = (tag, groups.setdefault(key_slot(tag), []))
+            full.append(found[0] + key[8:])
+            found[1].append(i)
+        return full, groups
 
     def _plan(self, groups: dict[int, list[int]], command: Callable[[list[int]], tuple[Any, ...]]) -> _Plan:
         """Each slot's rows, in chunks, as ``command(rows)`` on the master serving the slot."""
@@ -257,8 +262,7 @@ class RedisClusterStore(RedisStore):
     # -- the backend's part ---------------------------------------------------------------
     def _put(self, keys: list[bytes], values: list[bytes], versions: dict[int, str]) -> int:
         expire_ms = int(self.options.expire_after_s * 1000) if self.options.expire_after_s else 0
-        full = [self._key(key) for key in keys]
-        groups = self._slots(keys, full)
+        full, groups = self._route(keys)
 
         def script(rows: list[int]) -> tuple[Any, ...]:
             return ("EVALSHA", _PUT_SHA, len(rows), *[full[i] for i in rows], expire_ms, *[values[i] for i in rows])
@@ -299,8 +303,7 @@ class RedisClusterStore(RedisStore):
             self._loaded.add(node.name)
 
     def _get(self, keys: list[bytes]) -> list[bytes]:
-        full = [self._key(key) for key in keys]
-        groups = self._slots(keys, full)
+        full, groups = self._route(keys)
 
         def attempt() -> list[bytes]:
             plan = self._plan(groups, lambda rows: ("MGET", *[full[i] for i in rows]))
@@ -316,8 +319,7 @@ class RedisClusterStore(RedisStore):
         return self._failover("a read", attempt)
 
     def _delete(self, keys: list[bytes]) -> int:
-        full = [self._key(key) for key in keys]
-        groups = self._slots(keys, full)
+        full, groups = self._route(keys)
 
         def attempt() -> int:
             plan = self._plan(groups, lambda rows: ("DEL", *[full[i] for i in rows]))
