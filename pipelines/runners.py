@@ -18,6 +18,7 @@ import socket
 from collections.abc import Sequence
 from pathlib import Path
 
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import (
     DirectOptions,
     GoogleCloudOptions,
@@ -66,7 +67,24 @@ def pipeline_options(args: argparse.Namespace, beam_args: Sequence[str] = ()) ->
         raise ConfigError("--direct_num_workers", f"got {workers}", "pass a value >= 1")
     validate_dry_run(options)
     validate_runner(args.runner, options)
+    refuse_secret_flags(beam_args)
+    FileSystems.set_options(options)  # the driver reads and commits s3:// / gs:// with the job's options
     return options
+
+
+#: Beam options that would carry a credential inside the job's options (and so its graph and logs).
+SECRET_FLAGS = {"s3_secret_access_key": "AWS_SECRET_ACCESS_KEY", "s3_session_token": "AWS_SESSION_TOKEN"}
+
+
+def refuse_secret_flags(beam_args: Sequence[str]) -> None:
+    """Stop on a credential given as a Beam flag: Beam would write it into the pipeline's options,
+    which are sent to every worker and shown in the job's graph; the environment carries it instead."""
+    for name in sorted(_names(beam_args) & set(SECRET_FLAGS)):
+        raise ConfigError(
+            f"--{name}",
+            "a credential in the pipeline options is written into the job's graph",
+            f"drop it and set {SECRET_FLAGS[name]} in the environment of the command and of the workers",
+        )
 
 
 #: Beam options the runner group declares (so that --help lists them); see pipelines.cli.flags.

@@ -28,7 +28,7 @@ from pipelines.store import (
 )
 from tests.store.reps import T0_S
 
-pytest_plugins = ["tests.fixtures.kafka", "tests.fixtures.browser", "tests.fixtures.redis_cluster"]
+pytest_plugins = ["tests.fixtures.kafka", "tests.fixtures.browser", "tests.fixtures.redis_cluster", "tests.fixtures.s3"]
 
 MakeStore = Callable[..., OnlineStore]
 

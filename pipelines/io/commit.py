@@ -37,15 +37,14 @@ apart, each with its fix), and it is the one step that still works where rename 
 Object stores (``gs://``, ``s3://``): a "folder" is a key prefix and renaming it copies every
 object, so there is no atomic rename. There the same code takes the manifest-last variant
 (``mode="manifest"``): the run writes under ``OUTPUT/run-<runid>/``, and the commit is the single
-PUT of ``OUTPUT/_COMMITTED`` naming that run folder (a PUT is atomic and, on GCS and S3 today,
+PUT of ``OUTPUT/_COMMITTED`` naming that run folder (a PUT is atomic and, on GCS and S3,
 read-after-write consistent). Readers go through the manifest and read only the files it lists
 under the run folder it names, so files of an unfinished or older run are never read; the old
 snapshot stays readable (its run folder and the old ``_COMMITTED``) until the new ``_COMMITTED``
-replaces it, then the other ``run-*`` folders are deleted. An object store has no ``flock``: a
-writer there would take the lock as a ``_LOCK`` object created with a precondition (GCS
-``ifGenerationMatch=0``, S3 ``If-None-Match: *``) holding host, pid and a lease it renews; Beam's
-``FileSystems`` cannot express that precondition, so on object stores this module logs that no
-second-writer lock is held (the manifest still keeps readers safe: the last commit wins whole).
+replaces it, then the other ``run-*`` folders are deleted (and, when the next writer takes the
+lock, those of writers that were killed). The lock there is a claim object with a lease under
+``OUTPUT/_lock/`` (:mod:`pipelines.io.lease`), checked once more just before ``_COMMITTED`` is
+written. Folder operations go through :mod:`pipelines.io.objects` (a prefix is a folder there).
 """
 
 from __future__ import annotations
@@ -73,6 +72,8 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipelines.errors import ConfigError, OutputLockedError, OutputNotWritableError
 from pipelines.io.files import join
+from pipelines.io.lease import LOCK_DIR, ObjectLock, object_lock
+from pipelines.io.objects import delete_tree, exists, is_local, list_tree, local_path
 from pipelines.io.pause import pause_point
 
 __all__ = [
@@ -99,13 +100,7 @@ _RENAME_EXCHANGE = 2
 _CHUNK = 8 << 20
 
 
-def is_local(path: str) -> bool:
-    """Whether ``path`` is on a local filesystem (no URI scheme, or ``file://``)."""
-    return "://" not in path or path.startswith("file://")
-
-
-def _local(path: str) -> str:
-    return path.removeprefix("file://")
+_local = local_path
 
 
 @dataclass(frozen=True)
@@ -291,17 +286,20 @@ def _take_lock(path: Path, flag: str, output: str) -> IO[str]:
 
 
 @contextmanager
-def writer_lock(output: str, flag: str = "--output") -> Iterator[None]:
-    """Hold the one-writer lock of ``output`` (see the module docstring); :class:`OutputLockedError` if taken."""
+def writer_lock(output: str, flag: str = "--output") -> Iterator[ObjectLock | None]:
+    """Hold the one-writer lock of ``output`` (see the module docstring); :class:`OutputLockedError` if taken.
+    On an object store it yields the held :class:`~pipelines.io.lease.ObjectLock` (to check before
+    committing), on a local path None."""
     if not is_local(output):
-        log.warning("%s %s: object stores have no flock; no second-writer lock is held", flag, output)
-        yield
+        with object_lock(output, flag, _command()) as lock:
+            pause_point("lock-taken")
+            yield lock
         return
     handle = _take_lock(_lock_path(output), flag, output)
     with handle:
         pause_point("lock-taken")
         try:
-            yield
+            yield None
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
@@ -364,17 +362,25 @@ def _publish(staging: Path, out: Path, run_id: str) -> None:
 
 
 def _refuse_existing(output: str, *, overwrite: bool, holds: str, flag: str) -> None:
-    if overwrite or not FileSystems.exists(output):
+    if overwrite or not exists(output):
         return
     if read_commit(output) is not None:
         raise ConfigError(flag, f"{output!r} already holds {holds}", "pass --overwrite or choose a new folder")
-    if is_local(output) and Path(_local(output)).is_dir() and any(Path(_local(output)).iterdir()):
+    if _foreign_files(output):
         raise ConfigError(
             flag,
             f"{output!r} holds files but no committed snapshot ({COMMITTED} missing)",
             "pass --overwrite to replace them (they are kept until the new snapshot is committed) "
             "or choose a new folder",
         )
+
+
+def _foreign_files(output: str) -> bool:
+    """Whether folder ``output`` holds files that are not this protocol's (run folders, lock claims)."""
+    if is_local(output):
+        return Path(_local(output)).is_dir() and any(Path(_local(output)).iterdir())
+    prefix = output.rstrip("/") + "/"
+    return any(not p[len(prefix) :].startswith(("run-", f"{LOCK_DIR}/")) for p in list_tree(output))
 
 
 @dataclass
@@ -399,9 +405,11 @@ def staged_output(
     """
     mode = mode or ("rename" if is_local(output) else "manifest")
     run_id = f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
-    with writer_lock(output, flag):
+    with writer_lock(output, flag) as lock:
         if is_local(output):
             _recover(output)
+        else:
+            _drop_other_runs(output, keep=_committed_root(output))
         _refuse_existing(output, overwrite=overwrite, holds=holds, flag=flag)
         if mode == "rename":
             root = f"{real_path(output)}.staging-{run_id}"
@@ -415,11 +423,14 @@ def staged_output(
         except BaseException:
             _discard(root)
             raise
+        pause_point("before-commit")
         started = time.perf_counter()
         if mode == "rename":
             commit_folder(root, holds=holds, run_id=run_id)
             _publish(Path(root), Path(real_path(output)), run_id)
         else:
+            if lock is not None:
+                lock.check()  # the fence: never commit after losing the lock (lease.py, step 4)
             commit_folder(output, holds=holds, run_id=run_id, root=f"run-{run_id}")
             _drop_other_runs(output, keep=f"run-{run_id}")
         log.info("committed %s (%s): commit and publish took %.3f s", output, holds, time.perf_counter() - started)
@@ -427,22 +438,24 @@ def staged_output(
 
 def _discard(root: str) -> None:
     try:
-        if is_local(root):
-            shutil.rmtree(_local(root), ignore_errors=True)
-        elif FileSystems.exists(root):
-            FileSystems.delete([root])
+        delete_tree(root)
     except Exception:  # best effort: the next writer clears leftovers under the lock
         log.warning("could not remove %s", root, exc_info=True)
 
 
-def _drop_other_runs(output: str, keep: str) -> None:
-    """Delete the ``run-*`` folders of ``output`` other than ``keep`` (older or unfinished runs)."""
+def _committed_root(output: str) -> str | None:
+    manifest = read_commit(output)
+    return manifest.root if manifest is not None else None
+
+
+def _drop_other_runs(output: str, keep: str | None) -> None:
+    """Delete the ``run-*`` folders of ``output`` other than ``keep`` (older runs, or ones whose writer
+    was killed or failed; call under the lock)."""
     if is_local(output):
         runs = {p.name for p in Path(_local(output)).glob("run-*")}
     else:
         prefix = output.rstrip("/") + "/"
-        matched = FileSystems.match([prefix + "run-*/**"])
-        runs = {m.path[len(prefix) :].split("/", 1)[0] for r in matched for m in r.metadata_list}
-    stale = [join(output, r) for r in sorted(runs) if r != keep]
-    if stale:
-        FileSystems.delete(stale)
+        runs = {p[len(prefix) :].split("/", 1)[0] for p in list_tree(output) if p[len(prefix) :].startswith("run-")}
+    for run in sorted(runs - {keep}):
+        log.info("removing %s (an older run, or one left by a killed or failed writer)", join(output, run))
+        delete_tree(join(output, run))

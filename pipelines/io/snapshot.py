@@ -18,7 +18,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NoReturn
 
 import apache_beam as beam
@@ -41,6 +41,7 @@ from pipelines.io.commit import (
     staging_leftovers,
 )
 from pipelines.io.files import join
+from pipelines.io.objects import copy_file, delete_object, exists
 from pipelines.io.parquet import check_layout
 from pipelines.io.pins import pin_snapshot, release
 from pipelines.io.summary import Balance, read_summary
@@ -56,6 +57,7 @@ __all__ = [
     "TRAINING_EXAMPLES",
     "Snapshot",
     "check_writable",
+    "local_copy",
     "open_snapshot",
     "run_stage",
 ]
@@ -79,7 +81,7 @@ def check_writable(directory: str, flag: str = "--output") -> None:
             FileSystems.mkdirs(directory)
         with FileSystems.create(probe) as f:
             f.write(b"ok")
-        FileSystems.delete([probe])
+        delete_object(probe)
     except Exception as exc:
         raise OutputNotWritableError(f"{flag} {directory!r} is not writable ({exc})") from exc
 
@@ -205,7 +207,7 @@ def open_snapshot(folder: str, *, flag: str, writer: str, deep: bool | None = No
     are compared, the driver does not download the snapshot).
     """
     folder = folder.rstrip("/") or folder
-    if not FileSystems.exists(folder):
+    if not exists(folder):
         _missing(folder, flag, writer)
     manifest = read_commit(folder)
     pinned = pin_snapshot(folder, flag=flag) if pin and manifest is not None and is_local(folder) else None
@@ -281,3 +283,15 @@ def _sizes(root: str, names: Sequence[str]) -> dict[str, int]:
         return found
     results = FileSystems.match([join(root, n) for n in names])
     return {n: r.metadata_list[0].size_in_bytes for n, r in zip(names, results, strict=True) if r.metadata_list}
+
+
+def local_copy(snapshot: Snapshot, target: str, *, flag: str, writer: str) -> Snapshot:
+    """Download the committed files of ``snapshot`` (an object store's) into the new local folder
+    ``target``, commit it there, and open it (every byte CRC-checked against the commit). For readers
+    that need local files (FAISS)."""
+    for entry in snapshot.manifest.files:
+        copy_file(join(snapshot.root, entry.path), join(target, entry.path))
+    manifest = replace(snapshot.manifest, root=".")
+    with open(join(target, COMMITTED), "w") as f:
+        f.write(manifest.to_json())
+    return open_snapshot(target, flag=flag, writer=writer, deep=True, pin=False)

@@ -69,14 +69,6 @@ class IndexConfig:
     spec: BuildSpec = field(default_factory=BuildSpec)
     overwrite: bool = False
 
-    def __post_init__(self) -> None:
-        if "://" in self.output:
-            raise ConfigError(
-                "--output",
-                f"{self.output!r} is not a local folder",
-                "write the index locally (faiss reads local files) and copy it afterwards",
-            )
-
 
 @dataclass(frozen=True)
 class Scan:

@@ -11,6 +11,9 @@ lookup needs no store read before the search.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from pipelines.errors import ConfigError
-from pipelines.io.snapshot import open_snapshot
+from pipelines.io.objects import is_local
+from pipelines.io.snapshot import local_copy, open_snapshot
 from pipelines.similarity import faiss_ops as ops
 from pipelines.similarity.artifact import IndexManifest, read_id_map, read_manifest, read_vectors
 from pipelines.similarity.build import BuiltIndex
@@ -68,8 +72,21 @@ class UserIndex:
         """Load a committed index folder (refused when uncommitted or its files differ from the commit:
         sizes are checked, not checksums, so a lookup stays fast); on a GPU when ``gpu="auto"`` finds
         one and the index type supports it. An ``ondisk`` index maps its inverted lists read-only
-        (``lists.ivfdata``): the operating system pages in the lists that searches touch."""
-        open_snapshot(str(folder), flag="--index", writer="python -m pipelines index", deep=False, pin=False)
+        (``lists.ivfdata``): the operating system pages in the lists that searches touch. An index on
+        an object store is first downloaded (every byte CRC-checked) into a local folder that lives
+        as long as the returned object."""
+        writer = "python -m pipelines index"
+        snapshot = open_snapshot(str(folder), flag="--index", writer=writer, deep=False, pin=False)
+        if not is_local(str(folder)):  # FAISS reads local files: fetch the committed ones first
+            local = tempfile.mkdtemp(prefix="gem-index-")
+            try:
+                local_copy(snapshot, local, flag="--index", writer=writer)
+                loaded = cls.load(local, gpu=gpu)
+            except BaseException:
+                shutil.rmtree(local, ignore_errors=True)
+                raise
+            weakref.finalize(loaded, shutil.rmtree, local, True)
+            return loaded
         manifest = read_manifest(folder)
         names = manifest.files[:1] if manifest.layout == "ondisk" else manifest.files
         parts = [read_index_file(Path(folder) / name) for name in names]

@@ -19,7 +19,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipelines.errors import ConfigError, InputNotFoundError, LayoutError
-from pipelines.io.commit import COMMITTED
+from pipelines.io.commit import read_commit
+from pipelines.io.objects import is_local
 from pipelines.io.snapshot import REPRESENTATIONS, open_snapshot
 from pipelines.schemas.embeddings import decode_embeddings
 from pipelines.schemas.layouts import REPRESENTATION, layout_of
@@ -91,11 +92,12 @@ def representation_files(root: str | Path) -> list[str]:
     A folder must be a committed snapshot whose files match their commit
     (:func:`pipelines.io.snapshot.open_snapshot`); only the files the commit lists are read.
     """
-    path = Path(root)
-    if path.is_file():
-        return [str(path)]
-    folder = path.parent if path.name == REPRESENTATIONS and not (path / COMMITTED).exists() else path
-    snapshot = open_snapshot(str(folder), flag=FLAG, writer="python -m pipelines precompute")
+    text = str(root).rstrip("/")
+    if is_local(text) and Path(text).is_file():
+        return [text]
+    parent, _, name = text.rpartition("/")
+    folder = (parent or ".") if name == REPRESENTATIONS and read_commit(text) is None else text
+    snapshot = open_snapshot(folder, flag=FLAG, writer="python -m pipelines precompute")
     files = snapshot.files(REPRESENTATIONS)
     if not files:
         raise InputNotFoundError(

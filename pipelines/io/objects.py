@@ -1,0 +1,124 @@
+"""Folders on object stores (``s3://``, ``gs://``): the few operations Beam's ``FileSystems`` gets wrong there.
+
+On an object store a "folder" is a key prefix with no object of its own, so
+``FileSystems.exists("s3://b/out")`` is False even when ``s3://b/out/`` holds a snapshot, and
+``FileSystems.delete(["s3://b/out"])`` deletes the one key ``out`` (none), not what is under it.
+These helpers treat a path as a folder when objects live under it, on local paths and URIs alike.
+
+Deletes on ``s3://`` go one object at a time (``DeleteObject``): Beam's ``FileSystems.delete`` sends
+``DeleteObjects`` batches, which boto3 >= 1.36 signs with a CRC-32 checksum header that
+S3-compatible servers such as S3Proxy 2.6.0 refuse (``NotImplemented``).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import PipelineOptions
+
+__all__ = [
+    "copy_file",
+    "delete_object",
+    "delete_tree",
+    "ensure_options",
+    "exists",
+    "is_local",
+    "list_tree",
+    "local_path",
+    "upload_tree",
+]
+
+log = logging.getLogger(__name__)
+
+_CHUNK = 8 << 20
+
+
+def is_local(path: str) -> bool:
+    """Whether ``path`` is on a local filesystem (no URI scheme, or ``file://``)."""
+    return "://" not in path or path.startswith("file://")
+
+
+def local_path(path: str) -> str:
+    """A local path without its ``file://`` scheme."""
+    return path.removeprefix("file://")
+
+
+def list_tree(folder: str) -> dict[str, tuple[int, float]]:
+    """``{path: (bytes, updated)}`` of every object under the prefix ``folder/`` (empty when none);
+    ``updated`` is the store's modification time in seconds (the server's clock)."""
+    ensure_options()
+    prefix = folder.rstrip("/") + "/"
+    found = {}
+    for result in FileSystems.match([prefix + "**"]):
+        for meta in result.metadata_list:
+            found[meta.path] = (int(meta.size_in_bytes), float(meta.last_updated_in_seconds or 0.0))
+    return found
+
+
+def exists(path: str) -> bool:
+    """Whether ``path`` is a file, or a folder (on an object store: a prefix with objects under it)."""
+    if is_local(path):
+        return Path(local_path(path)).exists()
+    ensure_options()
+    return FileSystems.exists(path) or bool(list_tree(path))
+
+
+def delete_object(path: str) -> None:
+    """Delete one file or object; one that is already gone is not an error."""
+    if is_local(path):
+        Path(local_path(path)).unlink(missing_ok=True)
+        return
+    ensure_options()
+    if path.startswith("s3://"):
+        from apache_beam.io.aws import s3io
+
+        fs = FileSystems.get_filesystem(path)
+        s3io.S3IO(options=getattr(fs, "_options", None) or _default_options()).delete(path)  # 404 is not raised
+        return
+    if FileSystems.exists(path):
+        FileSystems.delete([path])
+
+
+def delete_tree(folder: str) -> None:
+    """Delete ``folder`` and everything under it (a missing one is not an error)."""
+    if is_local(folder):
+        shutil.rmtree(local_path(folder), ignore_errors=True)
+        return
+    for path in sorted(list_tree(folder)):
+        delete_object(path)
+
+
+def copy_file(source: str, target: str) -> None:
+    """Copy one file between any two filesystems Beam knows (local paths included), streamed."""
+    ensure_options()
+    if is_local(target):
+        Path(local_path(target)).parent.mkdir(parents=True, exist_ok=True)
+    with FileSystems.open(source, compression_type="uncompressed") as src:
+        with FileSystems.create(target, compression_type="uncompressed") as dst:
+            shutil.copyfileobj(src, dst, _CHUNK)
+
+
+def upload_tree(local: str | Path, folder: str) -> list[str]:
+    """Copy every file under the local folder ``local`` to ``folder`` (same relative paths); returns them."""
+    base = Path(local)
+    names = sorted(str(p.relative_to(base)) for p in base.rglob("*") if p.is_file())
+    for name in names:
+        copy_file(str(base / name), f"{folder.rstrip('/')}/{name}")
+    return names
+
+
+def ensure_options() -> None:
+    """Give Beam's filesystems default options when no pipeline has set any (a driver that reads
+    ``s3://`` before it builds a pipeline): the S3 client then takes its endpoint and credentials
+    from the standard AWS environment variables."""
+    from apache_beam.options.value_provider import RuntimeValueProvider
+
+    if FileSystems._pipeline_options is None and RuntimeValueProvider.runtime_options is None:
+        FileSystems.set_options(_default_options())
+
+
+def _default_options() -> PipelineOptions:
+    return PipelineOptions([])
