@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import logging
 import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from apache_beam.io.filesystems import FileSystems
@@ -28,6 +31,7 @@ __all__ = [
     "is_local",
     "list_tree",
     "local_path",
+    "local_stand_in",
     "upload_tree",
 ]
 
@@ -108,6 +112,19 @@ def upload_tree(local: str | Path, folder: str) -> list[str]:
     for name in names:
         copy_file(str(base / name), f"{folder.rstrip('/')}/{name}")
     return names
+
+
+@contextmanager
+def local_stand_in(folder: str, prefix: str = "gem-") -> Iterator[str]:
+    """``folder`` itself when local; for an object store, a temporary local folder whose files are
+    uploaded to ``folder`` when the block ends without an error (for writers that need local files,
+    such as FAISS). The temporary folder is always removed."""
+    if is_local(folder):
+        yield folder
+        return
+    with tempfile.TemporaryDirectory(prefix=prefix) as local:
+        yield local
+        upload_tree(local, folder)
 
 
 def ensure_options() -> None:

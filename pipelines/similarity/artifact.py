@@ -24,10 +24,8 @@ from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
-from apache_beam.io.filesystems import FileSystems
 
 from pipelines.errors import ConfigError, LayoutError
-from pipelines.io.files import join
 from pipelines.io.parquet import read_table, write_table
 from pipelines.schemas.layouts import ID_MAP
 from pipelines.similarity.faiss_ops import Metric
@@ -82,8 +80,8 @@ def write_manifest(folder: str | Path, manifest: IndexManifest) -> Path:
 
 def read_manifest(folder: str | Path) -> IndexManifest:
     """The manifest of an index folder; :class:`ConfigError` naming ``--index`` when absent or foreign."""
-    path = join(str(folder), MANIFEST_NAME)  # local, or an object store's (the index command reads it back)
-    if not FileSystems.exists(path):
+    path = Path(folder) / MANIFEST_NAME
+    if not path.is_file():
         raise ConfigError(
             "--index",
             f"{str(folder)!r} has no {MANIFEST_NAME}",
@@ -91,8 +89,7 @@ def read_manifest(folder: str | Path) -> IndexManifest:
         )
     rebuild = "rebuild the index with `python -m pipelines index`"
     try:
-        with FileSystems.open(path, compression_type="uncompressed") as f:
-            data: dict[str, Any] = json.loads(f.read().decode())
+        data: dict[str, Any] = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as exc:
         raise ConfigError("--index", f"{path} is not valid JSON ({exc})", rebuild) from exc
     if not isinstance(data, dict) or data.get("format_version") != FORMAT_VERSION:
@@ -103,20 +100,18 @@ def read_manifest(folder: str | Path) -> IndexManifest:
     except TypeError as exc:
         raise ConfigError("--index", f"{path} has fields this code does not know ({exc})", rebuild) from exc
     for name in manifest.files:
-        if not _inside(str(folder), name):
+        if not _inside(Path(folder), name):
             raise ConfigError(
                 "--index", f"{path} names {name!r}, a file outside its folder (refused)", f"{rebuild} into a new folder"
             )
     return manifest
 
 
-def _inside(folder: str, name: object) -> bool:
+def _inside(folder: Path, name: object) -> bool:
     """Whether ``name`` is a plain file name of ``folder``: no separator, no ``..``, not absolute."""
     if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
         return False
-    if "://" in folder:  # an object store: a key holds no link, the name check above is the whole check
-        return True
-    return (Path(folder) / name).resolve().parent == Path(folder).resolve()
+    return (folder / name).resolve().parent == folder.resolve()
 
 
 def write_id_map(folder: str | Path, user_ids: np.ndarray) -> Path:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +29,6 @@ import numpy as np
 
 from pipelines.errors import ConfigError
 from pipelines.io.commit import COMMITTED, commit_folder
-from pipelines.io.objects import is_local, upload_tree
 from pipelines.similarity import faiss_ops as ops
 from pipelines.similarity.artifact import (
     INDEX_NAME,
@@ -371,17 +369,12 @@ def build_index(
     return finish(build, spec, parts, users, version, source, started, log_level)
 
 
-def write_built(built: BuiltIndex, output: str | Path) -> str | Path:
+def write_built(built: BuiltIndex, output: str | Path) -> Path:
     """Write the index files, the id map, the vectors, the manifest and (last) the commit into ``output``.
 
     In place: a crash leaves no ``_COMMITTED`` and readers refuse the folder; the ``index``
     command writes into a staging folder and publishes it (:mod:`pipelines.io.commit`).
     """
-    if not is_local(str(output)):  # FAISS writes local files: write them here, then upload them
-        with tempfile.TemporaryDirectory(prefix="gem-index-") as local:
-            write_built(built, local)
-            upload_tree(local, str(output))
-        return output
     folder = Path(output)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / COMMITTED).unlink(missing_ok=True)

@@ -36,6 +36,7 @@ import pipelines.io.arrow_coder  # noqa: F401  (registers the pa.Table coder)
 from pipelines.dataflow_job import is_dry_run, write_dry_run
 from pipelines.errors import ConfigError, LayoutError
 from pipelines.io.commit import staged_output
+from pipelines.io.objects import local_stand_in
 from pipelines.similarity.artifact import read_manifest
 from pipelines.similarity.build import (
     BuildPlan,
@@ -298,10 +299,13 @@ def run_index(
         with beam.Pipeline(runner=runner, options=options) as p:  # type: ignore[arg-type]
             build_pipeline(p, config, found, build, time.perf_counter())
         return write_dry_run(p.result, options, config.output)
-    with staged_output(config.output, overwrite=config.overwrite, holds="an index") as staging:
+    with (
+        staged_output(config.output, overwrite=config.overwrite, holds="an index") as staging,
+        local_stand_in(staging.root, prefix="gem-index-") as root,  # FAISS writes local files
+    ):
         started = time.perf_counter()
-        staged = replace(config, output=staging.root)
+        staged = replace(config, output=root)
         with beam.Pipeline(runner=runner, options=options or PipelineOptions([])) as p:  # type: ignore[arg-type]
             build_pipeline(p, staged, found, build, started)
-        manifest = asdict(read_manifest(staging.root))
+        manifest = asdict(read_manifest(root))
     return manifest

@@ -19,8 +19,7 @@ from pipelines.io.objects import list_tree
 from pipelines.io.snapshot import HISTORIES, REPRESENTATIONS, open_snapshot
 from tests.fixtures.s3 import arrow_s3
 from tests.recovery.conftest import World
-from tests.recovery.crash import cli, paused_at, record, short
-from tests.recovery.test_crash_recovery import _refused
+from tests.recovery.crash import cli, paused_at, record, refused, short
 
 pytestmark = pytest.mark.integration
 
@@ -56,7 +55,7 @@ def test_features_precompute_and_index_write_s3_and_read_it_back(world: World, s
     record("s3: features -> precompute -> index", "committed on S3Proxy, read back (Beam and pyarrow)")
 
 
-def test_a_second_writer_is_refused(world: World, s3_folder: str) -> None:
+def test_a_second_writer_isrefused(world: World, s3_folder: str) -> None:
     out = f"{s3_folder}/features"
     with writer_lock(out):
         second = cli(*features_args(world, out))
@@ -77,10 +76,10 @@ def test_a_killed_writer_leaves_nothing_readers_accept(
         os.killpg(job.pid, signal.SIGKILL)
         job.wait(timeout=60)
     assert read_commit(out) is None
-    message = _refused(["inspect", out], capsys)
+    message = refused(["inspect", out], capsys)
     assert "not a committed snapshot" in message, message
     precompute = ["precompute", "--features", out, "--candidates", str(world.candidates), "--model", str(world.model)]
-    message = _refused([*precompute, "--output", f"{s3_folder}/reps", "--device", "cpu"], capsys)
+    message = refused([*precompute, "--output", f"{s3_folder}/reps", "--device", "cpu"], capsys)
     assert "not a committed snapshot" in message, message
     assert main(features_args(world, out)) == 0  # at once: the killed writer's claim names a process that is gone
     assert rows_via_pyarrow(out, HISTORIES) == world.histories
