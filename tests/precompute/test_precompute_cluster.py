@@ -184,8 +184,15 @@ def test_a_master_killed_mid_precompute_fails_over_and_every_row_is_stored(
     assert private_cluster.script("status").returncode == 0
 
 
-def test_a_wrong_cluster_password_names_the_fix_and_never_the_password(private_cluster: PrivateCluster) -> None:
-    wrong = private_cluster.uri("x:").replace(private_cluster.password, "not-the-password")
+def test_a_password_protected_cluster_takes_precompute_and_refuses_a_wrong_password(
+    world: World, private_cluster: PrivateCluster, tmp_path: Path
+) -> None:
+    uri = private_cluster.uri(f"gem-auth:{uuid.uuid4().hex[:8]}:")
+    summary = _precompute(world, tmp_path / "out", uri)  # the CLI moves the password into the environment
+    assert private_cluster.password not in json.dumps(summary)
+    with open_store(uri) as store:
+        _assert_store_holds(store, _parquet(tmp_path / "out"))
+    wrong = uri.replace(private_cluster.password, "not-the-password")
     with pytest.raises(StoreUnavailableError, match="fix the user:password in --store") as caught:
         open_store(wrong).close()
     assert "not-the-password" not in str(caught.value)
