@@ -8,6 +8,7 @@ import time
 import pytest
 
 from pipelines.io.kafka.config import KafkaConnection
+from pipelines.io.kafka.outage import BrokerWatch
 from pipelines.streaming.config import StreamConfig
 from pipelines.streaming.job import _ReadPartitionFn
 
@@ -16,6 +17,7 @@ def _reader(state: str, committed: int) -> _ReadPartitionFn:
     config = StreamConfig(topic="t", output="o", group="g", idle_exit_s=0.05, state=state)
     reader = _ReadPartitionFn(KafkaConnection(), config)
     reader._idle_since, reader._commits = {}, {0: (committed, 0.0, 0.0)}  # what setup() and polls keep
+    reader._watch = BrokerWatch("127.0.0.1:1", limit_s=60)
     return reader
 
 
@@ -32,3 +34,15 @@ def test_a_partition_with_uncommitted_reads_never_ends_its_read() -> None:
     reader._idle(0, 10)
     time.sleep(0.1)
     assert not reader._idle(0, 10)
+
+
+def test_a_broker_away_is_no_quiet_topic() -> None:
+    reader = _reader("worker", committed=10)
+    reader._idle(0, 10)
+    reader._watch.failed(ConnectionRefusedError("broker away"))
+    time.sleep(0.1)
+    assert not reader._idle(0, 10)  # the outage does not count as quiet ...
+    reader._watch.ok()
+    assert not reader._idle(0, 10)  # ... and the quiet spell starts again once it is back
+    time.sleep(0.1)
+    assert reader._idle(0, 10)
