@@ -13,11 +13,14 @@ S3-compatible servers such as S3Proxy 2.6.0 refuse (``NotImplemented``).
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -32,6 +35,7 @@ __all__ = [
     "list_tree",
     "local_path",
     "local_stand_in",
+    "share_s3_clients",
     "upload_tree",
 ]
 
@@ -130,11 +134,59 @@ def local_stand_in(folder: str, prefix: str = "gem-") -> Iterator[str]:
 def ensure_options() -> None:
     """Give Beam's filesystems default options when no pipeline has set any (a driver that reads
     ``s3://`` before it builds a pipeline): the S3 client then takes its endpoint and credentials
-    from the standard AWS environment variables."""
+    from the standard AWS environment variables. Also shares S3 clients (:func:`share_s3_clients`)."""
     from apache_beam.options.value_provider import RuntimeValueProvider
 
+    share_s3_clients()
     if FileSystems._pipeline_options is None and RuntimeValueProvider.runtime_options is None:
         FileSystems.set_options(_default_options())
+
+
+_S3_CLIENTS: dict[tuple, object] = {}
+_S3_CLIENTS_LOCK = threading.Lock()
+
+
+def share_s3_clients() -> None:
+    """Make Beam's S3 filesystem reuse one boto3 client per configuration in this process.
+
+    Beam builds a new boto3 session and client for every filesystem call (each ``exists``,
+    ``open``, ``match``), and building one parses botocore's service description, which costs
+    far more than a small request to the store itself. boto3 clients are
+    thread-safe, so the client (never Beam's wrapper, which holds one download's state) is
+    cached by the S3 options and the ``AWS_*`` environment it was built from. Idempotent."""
+    try:
+        from apache_beam.io.aws.clients.s3 import boto3_client
+    except ImportError:  # no s3 extra: Beam's S3 filesystem is absent too
+        return
+    wrapper = boto3_client.Client
+    if getattr(wrapper, "_gem_shared", False):
+        return
+    build = wrapper.__init__
+
+    def init(self: Any, options: Any) -> None:
+        key = _client_key(options)
+        with _S3_CLIENTS_LOCK:
+            client = _S3_CLIENTS.get(key)
+        if client is None:
+            build(self, options)
+            with _S3_CLIENTS_LOCK:
+                _S3_CLIENTS.setdefault(key, self.client)
+            return
+        self.client = client
+        self._download_request = None
+        self._download_stream = None
+        self._download_pos = 0
+
+    setattr(wrapper, "__init__", init)  # noqa: B010 (mypy refuses assigning to a method)
+    setattr(wrapper, "_gem_shared", True)  # noqa: B010
+
+
+def _client_key(options: Any) -> tuple:
+    from apache_beam.options.pipeline_options import S3Options
+
+    s3 = options.view_as(S3Options).get_all_options() if isinstance(options, PipelineOptions) else dict(options)
+    settings = tuple(sorted((k, str(v)) for k, v in s3.items() if k.startswith("s3_")))
+    return settings, tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
 
 
 def _default_options() -> PipelineOptions:

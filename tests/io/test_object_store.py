@@ -119,3 +119,18 @@ def test_a_writer_that_lost_its_lock_never_commits(s3_folder: str) -> None:
                 delete_object(claim)  # as if another writer had judged our lease expired
             foreign_claim(out, "taker", lease_s=3600)
     assert read_commit(out) is None
+
+
+def test_beams_s3_filesystem_shares_one_client_per_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
+    from apache_beam.io.aws.clients.s3.boto3_client import Client
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipelines.io.objects import share_s3_clients
+
+    share_s3_clients()
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:1")
+    options = PipelineOptions([])
+    first, second = Client(options), Client(options)
+    assert first.client is second.client and first is not second  # one boto3 client, two download states
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:2")
+    assert Client(options).client is not first.client  # another configuration, another client

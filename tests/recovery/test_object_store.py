@@ -55,7 +55,7 @@ def test_features_precompute_and_index_write_s3_and_read_it_back(world: World, s
     record("s3: features -> precompute -> index", "committed on S3Proxy, read back (Beam and pyarrow)")
 
 
-def test_a_second_writer_isrefused(world: World, s3_folder: str) -> None:
+def test_a_second_writer_is_refused(world: World, s3_folder: str) -> None:
     out = f"{s3_folder}/features"
     with writer_lock(out):
         second = cli(*features_args(world, out))
