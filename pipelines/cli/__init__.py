@@ -129,7 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # the known failure classes end in one line; anything else is a bug
-        message = failures.explain(exc, written=_written(args), stores=_stores(args), ports=_ports(args))
+        kafka = getattr(args, "bootstrap_servers", None)
+        message = failures.explain(exc, written=_written(args), stores=_stores(args), ports=_ports(args), kafka=kafka)
         if message is None:
             raise
         print(f"error: {message}", file=sys.stderr)

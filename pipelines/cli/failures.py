@@ -79,14 +79,20 @@ def _text(exc: BaseException) -> str:
 
 
 def explain(
-    exc: BaseException, *, written: Sequence[str] = (), stores: Sequence[str] = (), ports: Sequence[int] = ()
+    exc: BaseException,
+    *,
+    written: Sequence[str] = (),
+    stores: Sequence[str] = (),
+    ports: Sequence[int] = (),
+    kafka: str | None = None,
 ) -> str | None:
     """The ``... Fix: ...`` message for a known failure class, else None.
 
     ``written``: the paths the command writes (its --output), named when the exception does not
     carry a file name; ``stores``: its LMDB stores' folders (named for an LMDB error); ``ports``:
-    the ports it listens on.
+    the ports it listens on; ``kafka``: the brokers it bootstraps from.
     """
+    at = f" at {kafka}" if kafka else ""
     code, text = _errno(exc), _text(exc)
     if code == errno.ENOSPC or _NO_SPACE.search(text):
         lmdb = _LMDB.search(text) is not None
@@ -106,12 +112,12 @@ def explain(
         return f"address already in use ({shown}). Fix: pick a free port, or stop the process that holds it"
     if _SASL.search(text):
         return (
-            "Kafka refused the credentials (SASL authentication failed). Fix: check --sasl-username and the "
+            f"Kafka{at} refused the credentials (SASL authentication failed). Fix: check --sasl-username and the "
             "password (GEM_KAFKA_SASL_PASSWORD or --sasl-password) and --sasl-mechanism"
         )
     if _NO_BROKER.search(text):
         return (
-            "cannot reach Kafka. Fix: start the project's broker with `make kafka-up`, or point "
+            f"cannot reach Kafka{at}. Fix: start the project's broker with `make kafka-up`, or point "
             "--bootstrap-servers (GEM_KAFKA_BOOTSTRAP) at a running cluster"
         )
     return None

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -222,16 +223,16 @@ def add_runner(
     beam_flag(group, "prism_location", metavar="PATH", help="Prism binary (Beam's option; default: make prism's)")
 
 
-def positive(kind: Callable[[str], Any] = int) -> Callable[[str], Any]:
-    """An argparse ``type`` for a positive number of ``kind``."""
+def positive(kind: Callable[[str], Any] = int, *, zero: bool = False) -> Callable[[str], Any]:
+    """An argparse ``type`` for a finite positive number of ``kind`` (``zero``: 0 allowed too)."""
 
     def parse(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from exc
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{text!r} is not positive")
+        if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {'non-negative' if zero else 'positive'} number")
         return value
 
     return parse

@@ -36,7 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     flags.add_topic(parser, "topic to write (created when missing)")
     parser.add_argument(
-        "--rate", type=float, default=0.0, help="at most this many messages per second (default: as fast as possible)"
+        "--rate",
+        type=flags.positive(float, zero=True),
+        default=0.0,
+        help="at most this many messages per second (default: as fast as possible)",
     )
     parser.add_argument(
         "--num-partitions",
@@ -95,8 +98,6 @@ def run(args: argparse.Namespace) -> int:
     from pipelines.io.kafka.produce import file_messages, open_sink, topic_partitions
 
     logging.getLogger("kafka").setLevel(logging.WARNING)  # its INFO lines are per-connection noise
-    if args.rate < 0:
-        raise ConfigError("--rate", f"got {args.rate}", "pass a positive number of messages per second, or 0")
     connection = connection_from_args(args)
     open_lookup(connection).close()  # fails fast, naming the flag, when the cluster is unreachable
     total, batches = file_messages(args.input, batch=max(1, min(10_000, int(args.rate) or 10_000)))

@@ -80,6 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pipelines.io.kafka.config import connection_from_args
+    from pipelines.io.kafka.consume import open_lookup
     from pipelines.precompute.pipeline import load_model_flag
     from pipelines.store import open_store
     from pipelines.streaming.candidates import CandidatesConfig, CandidatesJob
@@ -107,10 +108,12 @@ def run(args: argparse.Namespace) -> int:
     check_histories(config.histories)  # every input is checked before the store is opened (or created)
     load_model_flag(config.model)
     open_store(config.store).close()  # a bad URI or an unreachable server fails before any work
+    connection = connection_from_args(args)
+    open_lookup(connection).close()  # so do an unreachable broker and refused credentials
     metrics = JobMetrics("solaris")
     if args.metrics_port is not None:
         metrics.serve(args.metrics_port)
-    job = CandidatesJob(connection_from_args(args), config, metrics)
+    job = CandidatesJob(connection, config, metrics)
 
     def stop(_signum: int, _frame: FrameType | None) -> None:
         job.stop()

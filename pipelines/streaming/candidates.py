@@ -85,6 +85,8 @@ class CandidatesConfig:
             raise ConfigError("--idle-exit", f"got {self.idle_exit_s}", "pass a positive number of seconds")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError("--device", f"got {self.device!r}", "pass auto, cpu or cuda")
+        if self.torch_threads < 1:
+            raise ConfigError("--torch-threads", f"got {self.torch_threads}", "pass 1 or more")
 
 
 @dataclass

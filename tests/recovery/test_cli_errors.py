@@ -118,17 +118,51 @@ def test_produce_num_partitions_100000(
 
 
 @pytest.mark.integration
-def test_produce_with_a_wrong_sasl_password_is_an_auth_failure(
-    kafka_sasl: KafkaConnection, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("command", ["produce", "replay", "solaris"])
+def test_a_wrong_sasl_password_is_an_auth_failure(
+    command: str,
+    world: World,
+    kafka_sasl: KafkaConnection,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    events = tmp_path / "e.jsonl"
-    events.write_text('{"event_id": "a", "user_id": 1}\n')
+    """It was reported as "cannot reach Kafka"."""
     monkeypatch.setenv("GEM_KAFKA_SASL_PASSWORD", "not-the-password")
+    argv = {
+        "produce": ["produce", "--input", str(world.events), "--topic", "unused"],
+        "replay": ["replay", "--topic", "unused", "--output", str(tmp_path / "o")],
+        "solaris": [*SOLARIS[:5], "--histories", str(world.features), "--model", str(world.model)],
+    }[command]
+    if command == "solaris":
+        argv += ["--store", f"lmdb://{tmp_path}/store"]
     sasl = ["--security-protocol", "SASL_PLAINTEXT", "--sasl-mechanism", "PLAIN", "--sasl-username", SASL_USER]
-    argv = ["produce", "--input", str(events), "--topic", "unused", "--bootstrap-servers", kafka_sasl.bootstrap]
-    err = refused([*argv, *sasl], capsys)
+    err = refused([*argv, "--bootstrap-servers", kafka_sasl.bootstrap, *sasl], capsys)
     assert "authentication failed" in err and "cannot reach" not in err and "not-the-password" not in err
-    record("produce with a wrong SASL password", short(err))
+    record(f"{command} with a wrong SASL password", short(err))
+
+
+@pytest.mark.integration
+def test_solaris_with_no_broker_names_it(world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [*SOLARIS[:5], "--histories", str(world.features), "--model", str(world.model)]
+    server = f"127.0.0.1:{_closed_port()}"
+    err = refused([*argv, "--store", f"lmdb://{tmp_path}/store", "--bootstrap-servers", server], capsys)
+    assert f"cannot reach Kafka at {server}" in err and "make kafka-up" in err
+    record("solaris with no broker", short(err))
+
+
+@pytest.mark.parametrize("rate", ["nan", "inf", "-1"])
+def test_produce_rate_not_a_rate(rate: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["produce", "--input", str(tmp_path / "e.jsonl"), "--topic", "unused", "--rate", rate]
+    err = usage_refused(argv, capsys)
+    assert "--rate" in err
+    record(f"produce --rate {rate}", short(err))
+
+
+def test_solaris_torch_threads_0(capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused([*SOLARIS, "--torch-threads", "0"], capsys)
+    assert err.startswith("error: --torch-threads: got 0")
+    record("solaris --torch-threads 0", short(err))
 
 
 def test_replay_from_latest_to_earliest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
