@@ -11,7 +11,7 @@ DEMO_DIR ?= out/demo
 B ?=
 PYTEST_ARGS ?=
 
-.PHONY: prism help setup lock demo docs test test-unit bench lint services-up services-down kafka-up kafka-down redis-up redis-down redis-cluster-up redis-cluster-down s3-up s3-down browser prometheus prometheus-check prometheus-up prometheus-down clean
+.PHONY: prism help setup lock demo docs test test-unit bench capacity lint services-up services-down kafka-up kafka-down redis-up redis-down redis-cluster-up redis-cluster-down s3-up s3-down browser prometheus prometheus-check prometheus-up prometheus-down clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -F':.*?## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -42,6 +42,9 @@ test-unit: setup ## only the fast tests (no real services)
 
 bench: setup ## run the benchmarks (B=name for one, QUICK=1 for small inputs)
 	$(PY) bench/run.py $(B)
+
+capacity: setup ## render docs/operations/capacity.md from bench/capacity.json (make bench B=capacity measures it)
+	$(PY) -c 'import sys; from bench.capacity_model import main; sys.exit(main(sys.argv[1:]))'
 
 lint: setup ## ruff (lint and format check) and mypy, over the package, tests and bench
 	$(VENV)/bin/ruff check pipelines tests bench

@@ -33,8 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--factory",
         default="auto",
-        help="FAISS factory string, e.g. Flat, HNSW32, IVF4096,Flat, IVF1024,PQ16; auto = Flat "
-        "below 20,000 users, else IVF(~4 sqrt n),Flat (default: %(default)s)",
+        help="FAISS factory string, e.g. Flat, HNSW32, IVF4096,Flat, IVF1024,PQ16, IVF8192,PQ32,RFlat (,RFlat: "
+        "re-rank on the stored vectors); auto = Flat below 20,000 users, IVF(~4 sqrt n),Flat below 4M, else "
+        "IVF(~4 sqrt n),PQ(dim/2),RFlat (default: %(default)s)",
     )
     parser.add_argument(
         "--metric",
