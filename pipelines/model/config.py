@@ -38,9 +38,9 @@ class GemConfig:
     advertiser or category (a SIM-style hard search, see ``match.py``). ``esmm``
     predicts conversion as p(click) * p(conversion | click) (ESMM, the default) instead
     of directly: conversions follow clicks, and a conversion head of its own learns from
-    a few hundred converting users (on the bench world one user holds 78% of the training
-    conversions), so it overfits them; through the click it shares the evidence of ~20x
-    more positives. Its effect on conversion AUC, with and without it, is recorded in
+    a few hundred converting users (a handful of whom can hold most of the training
+    conversions), so it overfits them; through the click it shares the evidence of many
+    times more positives. Its effect on conversion AUC, with and without it, is recorded in
     docs/benchmarks/results.md (model).
     """
 

@@ -294,9 +294,9 @@ class PendingEvents:
     """Event tables waiting for their shard's next flush, in this worker process's memory.
 
     Keys are ``(output, shard)``; a lock makes ``add`` and ``take`` safe from
-    concurrent bundles. The buffer is not Beam bag state because Prism ran two
-    bundles of one key at once and lost appends between them (a lab freshness
-    run: 9 of 10,000 events waited for the 15 s redelivery). Nothing buffered is
+    concurrent bundles. The buffer is not Beam bag state because Prism can run two
+    bundles of one key at once and lose appends between them (the lost events then
+    wait for the 15 s redelivery). Nothing buffered is
     acknowledged before its flush is durable, so what a dead worker held is read
     again from the committed offsets.
     """

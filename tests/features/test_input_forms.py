@@ -1,4 +1,4 @@
-"""Input forms (issue 29, item 11): a Parquet file without a required column fails as a file, a UTF-8
+"""Input forms: a Parquet file without a required column fails as a file, a UTF-8
 byte-order mark is stripped, and a UTF-16 (or UTF-32) file is refused as a file, not read as lines of
 NUL bytes. End to end through the CLI on the local runner."""
 

@@ -1,5 +1,5 @@
 """Model tests run torch on one thread: their tensors are small, and on a shared
-2-core machine OpenMP threads that spin-wait on each other make tiny ops 20x slower."""
+machine OpenMP threads that spin-wait on each other make tiny ops many times slower."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Snapshots under concurrent use: the writer lock names its holder from the first instant, reads stay
-pinned to the snapshot they checked, and an --output never eats an input (issue 29, items 1, 2, 14).
+pinned to the snapshot they checked, and an --output never eats an input.
 
 Each race is made certain with a pause point (:mod:`pipelines.io.pause`): the first process is stopped
 at an exact step while the second runs, so no case depends on timing.

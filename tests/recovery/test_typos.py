@@ -1,4 +1,4 @@
-"""Typos that gave wrong answers with exit 0 (issue 29, item 4): every input is checked before any work,
+"""Typos that would give wrong answers with exit 0: every input is checked before any work,
 a reader never creates a store, and an input that cannot give a meaningful result is an error naming the fix."""
 
 from __future__ import annotations

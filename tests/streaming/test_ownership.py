@@ -1,4 +1,4 @@
-"""One output, one group, one topic (issue 29, item 5): an output records the stream it was built from,
+"""One output, one group, one topic: an output records the stream it was built from,
 its commits name it, and a start that mixes outputs and groups is refused with the fix."""
 
 from __future__ import annotations
