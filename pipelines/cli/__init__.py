@@ -126,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.store = secrets.move_store_password(args.store)
             return int(args._module.run(args))
     except PipelinesError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {failures.with_fix(exc)}", file=sys.stderr)
         return 2
     except Exception as exc:  # the known failure classes end in one line; anything else is a bug
         kafka = getattr(args, "bootstrap_servers", None)

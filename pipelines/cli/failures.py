@@ -15,7 +15,17 @@ import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-__all__ = ["device_of", "explain", "is_known"]
+__all__ = ["device_of", "explain", "is_known", "with_fix"]
+
+#: The fix of a project error whose message does not name one, by its class.
+_FIXES: dict[str, str] = {
+    "OutputNotWritableError": "pass an --output in a folder this user can write",
+    "InputNotFoundError": "check the path (globs are allowed) and that this user may read it",
+    "LayoutError": "pass a file this project wrote, of the layout the command reads",
+    "BadInputError": "repair or remove the file (or pass --skip-bad-files where the command takes it)",
+    "OutputLockedError": "wait for the other run to finish, or write to another --output",
+    "SnapshotError": "run again the command that writes it",
+}
 
 _NO_SPACE = re.compile(r"No space left on device|\[Errno 28\]|MDB_MAP_FULL|MapFullError|mdb_\w+: Input/output error")
 _LMDB = re.compile(r"MDB_MAP_FULL|MapFullError|mdb_\w+:")
@@ -106,7 +116,10 @@ def explain(
         return f"read-only file system {device_of(path)} writing {path}. Fix: write to a writable location"
     if code in (errno.EACCES, errno.EPERM) or _DENIED.search(text):
         path = _path(exc, written) or "a file"
-        return f"permission denied on {path}. Fix: pick a location you can write (or fix its owner and mode)"
+        return (
+            f"permission denied on {path}. Fix: use a path this user may read (inputs) or write (outputs), or "
+            "fix its owner and mode"
+        )
     if code == errno.EADDRINUSE:
         shown = ", ".join(str(p) for p in ports) or "the port"
         return f"address already in use ({shown}). Fix: pick a free port, or stop the process that holds it"
@@ -126,3 +139,13 @@ def explain(
 def is_known(exc: BaseException) -> bool:
     """Whether :func:`explain` has a message for ``exc`` (so that its traceback is noise)."""
     return explain(exc) is not None
+
+
+def with_fix(exc: BaseException) -> str:
+    """A project error's message, ending in a fix: its own, else the one of its class."""
+    message = str(exc)
+    if "Fix:" in message:
+        return message
+    fix = next((_FIXES[c.__name__] for c in type(exc).__mro__ if c.__name__ in _FIXES), None)
+    fix = fix or "see the command's --help"
+    return f"{message.rstrip('. ')}. Fix: {fix}"

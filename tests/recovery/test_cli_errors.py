@@ -5,8 +5,13 @@ classes into one ``error: ... Fix: ...`` line with exit 2."""
 from __future__ import annotations
 
 import errno
+import os
 import re
+import shutil
 import socket
+import subprocess
+import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -210,3 +215,42 @@ def test_the_handler_names_each_known_failure_class() -> None:
     in_use = OSError(errno.EADDRINUSE, "Address already in use")
     assert "Fix: pick a free port" in str(explain(in_use, ports=[9000]))
     assert explain(KeyError("a bug keeps its traceback")) is None
+
+
+def _as_nobody(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """``python -m pipelines ARGV`` as the unprivileged user ``nobody`` (root may read and write anything)."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to run a command as an unprivileged user")
+    command = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
+    command += [sys.executable, "-m", "pipelines", *argv]
+    env = os.environ | {"HOME": "/tmp", "PYTHONPATH": str(ROOT)}
+    return subprocess.run(command, cwd="/tmp", env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture
+def open_folder() -> Iterator[Path]:
+    """A folder any user may enter (pytest's own tmp folders are private to root), removed at the end."""
+    folder = Path(tempfile.mkdtemp(prefix="gem-permission-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.parametrize("case", ["read", "write"])
+def test_permission_denied(case: str, open_folder: Path) -> None:
+    """A file this user may not read, a folder it may not write: one line naming the path and the fix."""
+    private = open_folder / "private"
+    private.mkdir(mode=0o700)
+    (private / "data.parquet").write_bytes(b"PAR1")
+    events = open_folder / "e.jsonl"
+    events.write_text('{"event_id": "a", "user_id": 1}\n')
+    events.chmod(0o644)
+    argv = {
+        "read": ["inspect", str(private / "data.parquet")],
+        "write": ["features", "--input", str(events), "--output", str(private / "features")],
+    }[case]
+    done = _as_nobody(argv)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert str(private) in last and "Fix:" in last and ("permission denied" in last or "not writable" in last)
+    record(f"permission denied ({case})", short(last))
