@@ -7,7 +7,9 @@ per wall second: on a shared machine the wall clock counts the neighbours' work 
 
 - features: events per CPU-second of the Beam features run (DirectRunner, one worker);
 - precompute: pairs per CPU-second of the model loop with token-budget batches (torch, 1 thread);
-- solaris, replay, stream: not measured by this bench (each needs a running job on Kafka); the
+- replay: events per CPU-second of ``python -m pipelines replay`` (DirectRunner, in this process)
+  over a fresh topic on the project's broker holding the same events;
+- solaris, stream: not measured by this bench (each needs a long-running job on Kafka); the
   file carries the figure the capacity page uses for each and where it comes from;
 - history bytes per user at 256 / 4,096 / 65,536 events (generated events re-keyed so each
   user has exactly that many, built by ``build_histories``, written as HISTORY Parquet);
@@ -76,6 +78,36 @@ def measure_features(users: int) -> tuple[dict[str, Any], str]:
     shutil.rmtree(out, ignore_errors=True)
     how = f"bench/features.py beam_run on {n:,} events ({users:,} users x 14 days), {wall:.1f} s wall, {cpu:.1f} s CPU"
     return figure(n / cpu, "events/s per core", how), events
+
+
+def measure_replay(users: int) -> dict[str, Any] | None:
+    """Events per CPU-second of ``replay`` (DirectRunner, in this process) over a fresh topic holding
+    the features bench's events; None when no broker answers."""
+    from bench.common import kafka_connection
+    from bench.kafka import PARTITIONS, load
+    from pipelines.cli import main as cli
+    from pipelines.io.kafka.produce import delete_topics, ensure_topic
+
+    try:
+        connection = kafka_connection()
+    except SystemExit:
+        return None
+    path = str(generate(users, 14, WORK / f"kafka-{users}u" / "events.jsonl"))
+    topic = f"capacity-replay-{os.getpid()}-{int(time.time())}"
+    ensure_topic(connection, topic, PARTITIONS)
+    out = WORK / "capacity-replay"
+    try:
+        n = load(connection, topic, path, "confluent")
+        args = ["replay", "--topic", topic, "--from", "earliest", "--to", "latest", "--output", str(out)]
+        args += ["--overwrite", "--bootstrap-servers", ",".join(connection.bootstrap_servers)]
+        code, cpu, wall = on_cpu(lambda: cli(args))
+        if code != 0:
+            raise RuntimeError(f"replay exited {code}")
+    finally:
+        delete_topics(connection, [topic])
+        shutil.rmtree(out, ignore_errors=True)
+    how = f"python -m pipelines replay (DirectRunner) of {n:,} events on {PARTITIONS} partitions, {wall:.1f} s wall"
+    return figure(n / cpu, "events/s per core", f"{how}, {cpu:.1f} s CPU")
 
 
 def measure_precompute() -> dict[str, Any]:
@@ -207,14 +239,15 @@ def measure_index() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     return sizes, qps, resolver
 
 
-def carried() -> dict[str, Any]:
+def carried(replay: dict[str, Any] | None) -> dict[str, Any]:
     """Figures this bench does not measure, with their source (the capacity page marks them)."""
     return {
-        "replay_events_per_core": figure(
+        "replay_events_per_core": replay
+        or figure(
             114_000 / 2,
             "events/s per core",
-            "NOT MEASURED HERE: DESIGN §7 Flink 2.1M events with one EXTERNAL pool, 114k events/s at p=1 on "
-            "2 cores (halved per core); replay runs the same features transforms over a Kafka range",
+            "NOT MEASURED HERE (no broker): DESIGN §7 Flink 2.1M events with one EXTERNAL pool, 114k events/s "
+            "at p=1 on 2 cores (halved per core); replay runs the same features transforms over a Kafka range",
         ),
         "stream_events_per_core": figure(
             5_000 / 2,
@@ -231,6 +264,8 @@ def main() -> None:
     users = 4_000
     features, events = measure_features(users)
     print(f"features: {features}", flush=True)
+    replay = measure_replay(users)
+    print(f"replay: {replay}", flush=True)
     precompute = measure_precompute()
     print(f"precompute: {precompute}", flush=True)
     sizes, qps, resolver = measure_index()
@@ -248,7 +283,7 @@ def main() -> None:
             **precompute,
             "how": "NOT MEASURED HERE: the Solaris job runs the same model handler per pair; precompute's figure",
         },
-        **carried(),
+        **carried(replay),
         "history_bytes_per_user": history_bytes(events),
         "parquet_bytes_per_event": parquet_bytes_per_event(events),
         "store_bytes_per_record": store_bytes(),
@@ -259,13 +294,14 @@ def main() -> None:
     }
     OUT.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {OUT}")
-    measured = 8  # features, precompute, history, parquet, store, index bytes, index q/s, resolver
-    not_here = 3  # solaris, replay, stream
+    measured = 8 + (replay is not None)  # features, (replay,) precompute, bytes x4, index q/s, resolver
+    not_here = 2 + (replay is None)  # solaris, stream (, replay)
     result(
         "capacity",
         measured / (measured + not_here),
         1.0,
-        f"share of the per-unit costs measured by this bench (solaris, replay, stream carried from other runs); "
+        f"share of the per-unit costs measured by this bench (solaris, stream{'' if replay else ', replay'} "
+        f"carried from other runs); "
         f"written to {OUT.relative_to(ROOT)} at load {load[0]:.1f}; make capacity renders the page",
     )
 
