@@ -25,6 +25,8 @@ from typing import Any
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from pipelines.optional import require
+
 __all__ = [
     "copy_file",
     "delete_object",
@@ -57,7 +59,7 @@ def local_path(path: str) -> str:
 def list_tree(folder: str) -> dict[str, tuple[int, float]]:
     """``{path: (bytes, updated)}`` of every object under the prefix ``folder/`` (empty when none);
     ``updated`` is the store's modification time in seconds (the server's clock)."""
-    ensure_options()
+    ensure_options(folder)
     prefix = folder.rstrip("/") + "/"
     found = {}
     for result in FileSystems.match([prefix + "**"]):
@@ -70,7 +72,7 @@ def exists(path: str) -> bool:
     """Whether ``path`` is a file, or a folder (on an object store: a prefix with objects under it)."""
     if is_local(path):
         return Path(local_path(path)).exists()
-    ensure_options()
+    ensure_options(path)
     return FileSystems.exists(path) or bool(list_tree(path))
 
 
@@ -131,11 +133,15 @@ def local_stand_in(folder: str, prefix: str = "gem-") -> Iterator[str]:
         upload_tree(local, folder)
 
 
-def ensure_options() -> None:
+def ensure_options(path: str = "") -> None:
     """Give Beam's filesystems default options when no pipeline has set any (a driver that reads
     ``s3://`` before it builds a pipeline): the S3 client then takes its endpoint and credentials
-    from the standard AWS environment variables. Also shares S3 clients (:func:`share_s3_clients`)."""
+    from the standard AWS environment variables. Also shares S3 clients (:func:`share_s3_clients`).
+    For an ``s3://`` ``path``, :class:`~pipelines.optional.MissingExtraError` without the ``s3`` extra."""
     from apache_beam.options.value_provider import RuntimeValueProvider
+
+    if path.startswith("s3://"):
+        require("boto3", "s3", f"{path}: Beam's S3 filesystem")
 
     share_s3_clients()
     if FileSystems._pipeline_options is None and RuntimeValueProvider.runtime_options is None:

@@ -41,7 +41,7 @@ from pipelines.io.commit import (
     staging_leftovers,
 )
 from pipelines.io.files import join
-from pipelines.io.objects import copy_file, delete_object, exists
+from pipelines.io.objects import copy_file, delete_object, exists, list_tree
 from pipelines.io.parquet import check_layout
 from pipelines.io.pins import pin_snapshot, release
 from pipelines.io.summary import Balance, read_summary
@@ -215,6 +215,7 @@ def open_snapshot(folder: str, *, flag: str, writer: str, deep: bool | None = No
     if pinned is not None:
         held, manifest = pinned
     if manifest is None:
+        _uncommitted_runs(folder, flag, writer)
         raise SnapshotError(
             f"{flag} {folder!r} is not a committed snapshot (no {COMMITTED}): a run was interrupted, a copy is "
             f"incomplete, or an older version wrote it. Fix: rerun `{writer}` with --output {folder} --overwrite"
@@ -250,6 +251,19 @@ def _missing(folder: str, flag: str, writer: str) -> None:
             f"was killed. Fix: wait for that run to finish, or rerun `{writer}` (it clears the leftover)"
         )
     raise InputNotFoundError(f"{flag} {folder!r} does not exist. Fix: pass the --output folder of `{writer}`")
+
+
+def _uncommitted_runs(folder: str, flag: str, writer: str) -> None:
+    """On an object store: refuse a folder whose only snapshot is a run folder with no commit yet."""
+    if is_local(folder):
+        return
+    prefix = folder.rstrip("/") + "/"
+    runs = sorted({p[len(prefix) :].split("/", 1)[0] for p in list_tree(folder) if p[len(prefix) :].startswith("run-")})
+    if runs:
+        raise SnapshotError(
+            f"{flag} {folder!r} has no committed snapshot yet: {join(folder, runs[-1])} is a run writing it now or "
+            f"one that was killed. Fix: wait for that run to finish, or rerun `{writer}` (it clears the leftover)"
+        )
 
 
 def _mismatches(root: str, files: Sequence[FileEntry], deep: bool) -> list[str]:

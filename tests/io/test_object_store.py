@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 
 import pyarrow as pa
@@ -14,7 +15,7 @@ from apache_beam.io.filesystems import FileSystems
 from pipelines.errors import OutputLockedError
 from pipelines.io.commit import COMMITTED, read_commit, staged_output, writer_lock
 from pipelines.io.lease import LOCK_DIR, object_lock
-from pipelines.io.objects import delete_object, list_tree
+from pipelines.io.objects import delete_object, exists, list_tree
 from tests.fixtures.s3 import arrow_s3
 
 pytestmark = pytest.mark.integration
@@ -134,3 +135,11 @@ def test_beams_s3_filesystem_shares_one_client_per_configuration(monkeypatch: py
     assert first.client is second.client and first is not second  # one boto3 client, two download states
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:2")
     assert Client(options).client is not first.client  # another configuration, another client
+
+
+def test_an_s3_path_without_the_s3_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipelines.optional import MissingExtraError
+
+    monkeypatch.setitem(sys.modules, "boto3", None)  # as when it is not installed
+    with pytest.raises(MissingExtraError, match=r"pip install 'gem-pipelines\[s3\]'"):
+        exists("s3://gem/anything")
