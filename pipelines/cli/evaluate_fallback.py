@@ -123,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
     _check(args)
     from pipelines.io.commit import staged_output
 
-    with staged_output(args.output, overwrite=args.overwrite, holds="a fallback evaluation") as staging:
+    inputs = [("--features", args.features), ("--model", args.model), ("--truth", args.truth)]
+    with staged_output(args.output, overwrite=args.overwrite, holds="a fallback evaluation", inputs=inputs) as staging:
         report = _evaluate(args, staging.root)
         (Path(staging.root) / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     print_report(report)

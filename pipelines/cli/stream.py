@@ -167,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
     from pipelines.io.commit import writer_lock
     from pipelines.io.kafka.config import connection_from_args
     from pipelines.io.kafka.ranges import Position
+    from pipelines.io.outputs import check_output, store_path
     from pipelines.streaming.job import build_stream, start_offsets
     from pipelines.streaming.lag import watch_stream
 
@@ -178,6 +179,10 @@ def run(args: argparse.Namespace) -> int:
     flags.check_port_free(args.metrics_port)
     options = _flink_options(args.beam_args) if on_flink else _prism_options(args)
     _check_output(args.output)
+    check_output(
+        args.output,
+        [("--model", args.model), ("--store", store_path(args.store)), *(("--candidates", c) for c in args.candidates)],
+    )
     _check_inputs(config)
     connection = connection_from_args(args)
     starts, commits = start_offsets(connection, args.topic, args.group, Position.parse(args.start, "--from"))

@@ -114,10 +114,12 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def _check_paths(args: argparse.Namespace) -> None:
+    from pipelines.io.outputs import check_output
     from pipelines.io.snapshot import open_snapshot
 
     # an uncommitted or damaged snapshot fails before any work (sizes here; training checks the CRCs)
     open_snapshot(args.features, flag="--features", writer="python -m pipelines features", deep=False, pin=False)
+    check_output(args.output, [("--features", args.features)])
     out = Path(args.output)
     if (out / "model.pt").exists() and not args.overwrite:
         raise ConfigError("--output", f"{out} already holds a model", "pass --overwrite or another folder")

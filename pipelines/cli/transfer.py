@@ -88,6 +88,8 @@ def _surface(value: str | None) -> int | None:
 
 
 def _check(args: argparse.Namespace) -> None:
+    from pipelines.io.outputs import check_output
+
     for name in ("seeds", "max_train", "max_holdout", "epochs", "threads", "index_users", "vm_window"):
         if getattr(args, name) < 1:
             raise ConfigError("--" + name.replace("_", "-"), f"got {getattr(args, name)}", "pass a positive number")
@@ -102,6 +104,7 @@ def _check(args: argparse.Namespace) -> None:
         )
     if not (Path(args.model) / "model.pt").is_file():
         raise ConfigError("--model", f"{args.model} holds no model.pt", "pass a `pipelines train` output folder")
+    check_output(args.output, [("--features", args.features), ("--model", args.model)])
     out = Path(args.output)
     if (out / "report.json").exists() or (out / "asof").exists():
         if not args.overwrite:

@@ -155,4 +155,5 @@ def run_features(
         options=options,
         runner=runner,
         reads=[snapshot],
+        inputs=[*(("--input", path) for path in paths), ("--previous", config.previous)],
     )

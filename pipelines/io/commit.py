@@ -61,7 +61,7 @@ import sys
 import time
 import uuid
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -74,6 +74,7 @@ from pipelines.errors import ConfigError, OutputLockedError, OutputNotWritableEr
 from pipelines.io.files import join
 from pipelines.io.lease import LOCK_DIR, ObjectLock, object_lock
 from pipelines.io.objects import delete_tree, exists, is_local, list_tree, local_path
+from pipelines.io.outputs import check_output
 from pipelines.io.pause import pause_point
 
 __all__ = [
@@ -396,13 +397,21 @@ class Staging:
 
 @contextmanager
 def staged_output(
-    output: str, *, overwrite: bool, holds: str, flag: str = "--output", mode: Mode | None = None
+    output: str,
+    *,
+    overwrite: bool,
+    holds: str,
+    flag: str = "--output",
+    mode: Mode | None = None,
+    inputs: Iterable[tuple[str, str | None]] = (),
 ) -> Iterator[Staging]:
-    """Lock ``output``, yield a :class:`Staging` to write into, then commit and publish it.
+    """Check ``output`` against the run's ``inputs`` (:func:`pipelines.io.outputs.check_output`),
+    lock it, yield a :class:`Staging` to write into, then commit and publish it.
 
     When the body raises, nothing is published and the staging folder is removed: readers
     keep seeing what ``output`` held before (or nothing).
     """
+    check_output(output, inputs, flag=flag)
     mode = mode or ("rename" if is_local(output) else "manifest")
     run_id = f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
     with writer_lock(output, flag) as lock:

@@ -17,7 +17,7 @@ import os
 import time
 import uuid
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import NoReturn
 
@@ -96,18 +96,20 @@ def run_stage(
     options: PipelineOptions,
     runner: object | None = None,
     reads: Sequence[Snapshot | None] = (),
+    inputs: Iterable[tuple[str, str | None]] = (),
 ) -> dict:
     """Lock ``output``, run ``build(pipeline, root)`` writing into a staging ``root``, check the
     summary's ``balance``, then commit and publish (see :mod:`pipelines.io.commit`). Returns the
     summary with ``seconds`` added. On any failure nothing is published. A Dataflow dry run
     returns the job it built instead (see :mod:`pipelines.dataflow_job`). The snapshots the run
-    ``reads`` stay pinned until it ends, then are released."""
+    ``reads`` stay pinned until it ends, then are released; ``output`` must not be one of the
+    ``inputs`` (``(flag, path)`` pairs), hold one or lie inside one."""
     try:
         if is_dry_run(options):  # a job graph, built offline: no outputs to stage or read back
             with beam.Pipeline(runner=runner, options=options) as p:  # type: ignore[arg-type]
                 build(p, output)
             return write_dry_run(p.result, options, output)
-        with staged_output(output, overwrite=overwrite, holds=holds) as staging:
+        with staged_output(output, overwrite=overwrite, holds=holds, inputs=inputs) as staging:
             check_writable(staging.root)
             started = time.perf_counter()
             with beam.Pipeline(runner=runner, options=options) as p:  # type: ignore[arg-type]

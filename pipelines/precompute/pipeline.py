@@ -22,6 +22,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.errors import ConfigError
 from pipelines.io.files import expand_inputs, splits_of
+from pipelines.io.outputs import store_path
 from pipelines.io.snapshot import COUNTS, DEAD, HISTORIES, Snapshot, open_snapshot, run_stage
 from pipelines.io.summary import Balance
 from pipelines.io.transforms import WriteDeadLetters, WriteSummary
@@ -239,6 +240,12 @@ def run_precompute(
         options=options,
         runner=runner,
         reads=[resolved.features],
+        inputs=[
+            ("--features", config.features),
+            *(("--candidates", path) for path in paths),
+            ("--model", config.model),
+            ("--store", store_path(config.store)),
+        ],
     )
 
 

@@ -299,8 +299,9 @@ def run_index(
         with beam.Pipeline(runner=runner, options=options) as p:  # type: ignore[arg-type]
             build_pipeline(p, config, found, build, time.perf_counter())
         return write_dry_run(p.result, options, config.output)
+    inputs = [("--representations", config.representations)]
     with (
-        staged_output(config.output, overwrite=config.overwrite, holds="an index") as staging,
+        staged_output(config.output, overwrite=config.overwrite, holds="an index", inputs=inputs) as staging,
         local_stand_in(staging.root, prefix="gem-index-") as root,  # FAISS writes local files
     ):
         started = time.perf_counter()

@@ -7,6 +7,7 @@ at an exact step while the second runs, so no case depends on timing.
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 from pathlib import Path
@@ -16,11 +17,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from pipelines.cli import main
 from pipelines.io.commit import read_commit
 from pipelines.io.snapshot import REPRESENTATIONS
-
 from tests.recovery.conftest import World
-from tests.recovery.crash import cli, paused_at, record, short, staging_of
+from tests.recovery.crash import cli, paused_at, record, refused, short, staging_of
 
 pytestmark = pytest.mark.integration
 
@@ -69,3 +70,63 @@ def test_a_read_stays_on_the_snapshot_it_checked_while_an_overwrite_publishes(wo
     assert _user_rows(reps).equals(_user_rows(world.representations))  # the old snapshot's answer, whole
     assert not (tmp_path / ".features.readers").exists()  # the pin went with its reader
     record("precompute while features --overwrite republishes", f"{world.histories} users, the old snapshot's")
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_an_output_never_eats_an_input_or_moves_a_file_aside(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    events = tmp_path / "E.jsonl.gz"
+    events.write_bytes(gzip.compress(world.events.read_bytes()))
+    before = events.read_bytes()
+    features, reps = tmp_path / "features", tmp_path / "reps"
+    shutil.copytree(world.features, features)
+    shutil.copytree(world.representations, reps)
+    kept = {features: _tree(features), reps: _tree(reps)}
+    note = tmp_path / "notes.txt"
+    note.write_text("mine")
+    model, cands = ["--model", str(world.model)], ["--candidates", str(world.candidates)]
+    cases = {  # the repros first
+        "features --input E --output E": ["features", "--input", str(events), "--output", str(events)],
+        "features --input E --output E, from a glob": [
+            "features", "--input", str(tmp_path / "E.*"), "--output", str(events),
+        ],
+        "precompute --features F --output F --overwrite": [
+            "precompute", "--features", str(features), *cands, *model, "--output", str(features), "--overwrite",
+        ],
+        "index --representations R --output R --overwrite": [
+            "index", "--representations", str(reps), "--output", str(reps), "--overwrite",
+        ],
+        "an existing file as --output, even with --overwrite": [
+            "features", "--input", str(world.events), "--output", str(note), "--overwrite",
+        ],
+        "--output inside an input": [
+            "precompute", "--features", str(features), *cands, *model, "--output", str(features / "r"),
+        ],
+        "--output holding an input": ["features", "--input", str(events), "--output", str(tmp_path), "--overwrite"],
+        "train --output F": ["train", "--features", str(features), "--output", str(features), "--overwrite"],
+    }  # fmt: skip
+    for case, argv in cases.items():
+        err = refused(argv, capsys)
+        assert "--output" in err, (case, err)
+        record(case, short(err))
+    assert events.read_bytes() == before and note.read_text() == "mine"
+    assert all(_tree(folder) == tree for folder, tree in kept.items())
+    assert not [p.name for p in tmp_path.iterdir() if ".trash-" in p.name or ".staging-" in p.name]
+
+
+def test_a_symlinked_output_is_written_at_its_target_and_stays_a_symlink(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    real, link = tmp_path / "real", tmp_path / "link"
+    link.symlink_to(real)
+    for extra in ([], ["--overwrite"]):
+        assert main(["features", "--input", str(world.events), "--output", str(link), *extra]) == 0
+    assert link.is_symlink() and (real / "_COMMITTED").is_file()
+    assert (tmp_path / ".real.lock").is_file() and not (tmp_path / ".link.lock").exists()
+    err = refused(["precompute", "--features", str(real), "--candidates", str(world.candidates),
+                   "--model", str(world.model), "--output", str(link), "--overwrite"], capsys)  # fmt: skip
+    assert "is --features" in err, err
