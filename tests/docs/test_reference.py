@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 
 import pyarrow as pa
 import pytest
@@ -100,3 +101,13 @@ def test_every_store_backend_is_on_the_store_uri_page(pages: dict[str, str]) -> 
     page = pages["reference/store-uris.md"]
     for backend in BACKENDS:
         assert f"`{backend}`" in page and f"{backend}://" in page
+
+
+def test_the_readme_has_one_example_per_command_and_each_parses() -> None:
+    text = (ROOT / "README.md").read_text().replace("\\\n", " ")
+    prefix = "python -m pipelines "
+    examples = [shlex.split(line[len(prefix) :]) for line in text.splitlines() if line.startswith(prefix)]
+    assert sorted({argv[0] for argv in examples}) == sorted(COMMANDS), "the README needs one example per command"
+    for argv in examples:
+        _, extra = build_parser(argv).parse_known_args(argv)
+        assert not extra, f"README example {argv}: unknown flags {extra}"
