@@ -12,6 +12,7 @@ S3-compatible servers such as S3Proxy 2.6.0 refuse (``NotImplemented``).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -21,13 +22,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import pyarrow.fs as pafs
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.optional import require
 
 __all__ = [
+    "arrow_filesystem",
     "copy_file",
     "delete_object",
     "delete_tree",
@@ -131,6 +135,32 @@ def local_stand_in(folder: str, prefix: str = "gem-") -> Iterator[str]:
     with tempfile.TemporaryDirectory(prefix=prefix) as local:
         yield local
         upload_tree(local, folder)
+
+
+def arrow_filesystem(path: str) -> tuple[pafs.FileSystem | None, str]:
+    """pyarrow's filesystem for ``path`` and the path to give it: for ``s3://``, a
+    ``pyarrow.fs.S3FileSystem`` at the endpoint Beam's S3 filesystem uses (``--s3_endpoint_url``,
+    else ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``), so both read the same store; credentials
+    come from the environment (pyarrow's default chain). Other paths: ``(None, path)``."""
+    if not path.startswith("s3://"):
+        return None, path
+    ensure_options(path)
+    from apache_beam.options.pipeline_options import S3Options
+
+    s3 = (FileSystems._pipeline_options or _default_options()).view_as(S3Options)
+    env = os.environ.get
+    endpoint = s3.s3_endpoint_url or env("AWS_ENDPOINT_URL_S3") or env("AWS_ENDPOINT_URL") or ""
+    region = s3.s3_region_name or env("AWS_REGION") or env("AWS_DEFAULT_REGION") or ""
+    return _arrow_s3(endpoint, region), path.removeprefix("s3://")
+
+
+@functools.cache
+def _arrow_s3(endpoint: str, region: str) -> pafs.S3FileSystem:
+    options: dict[str, str] = {"region": region} if region else {}
+    if endpoint:
+        url = urlsplit(endpoint)
+        options |= {"endpoint_override": url.netloc, "scheme": url.scheme or "https"}
+    return pafs.S3FileSystem(**options)
 
 
 def ensure_options(path: str = "") -> None:

@@ -36,7 +36,7 @@ import pipelines.io.arrow_coder  # noqa: F401  (registers the pa.Table coder)
 from pipelines.dataflow_job import is_dry_run, write_dry_run
 from pipelines.errors import ConfigError, LayoutError
 from pipelines.io.commit import staged_output
-from pipelines.io.objects import local_stand_in
+from pipelines.io.objects import arrow_filesystem, local_stand_in
 from pipelines.similarity.artifact import read_manifest
 from pipelines.similarity.build import (
     BuildPlan,
@@ -90,8 +90,9 @@ def scan(representations: str) -> Scan:
     dims: set[int] = set()
     for path in files:
         try:
-            dims.add(embedding_dim(pq.read_schema(path), path))
-            table = pq.read_table(path, columns=["user_id", "ad_id", "model_version"])
+            fs, where = arrow_filesystem(path)
+            dims.add(embedding_dim(pq.read_schema(where, filesystem=fs), path))
+            table = pq.read_table(where, filesystem=fs, columns=["user_id", "ad_id", "model_version"])
         except (pa.ArrowException, OSError) as exc:
             raise LayoutError(
                 f"{path}: not a readable Parquet file ({exc}). Fix: rerun `python -m pipelines precompute`"

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from pipelines.errors import ConfigError, InputNotFoundError, LayoutError
 from pipelines.io.commit import read_commit
-from pipelines.io.objects import is_local
+from pipelines.io.objects import arrow_filesystem, is_local
 from pipelines.io.snapshot import REPRESENTATIONS, open_snapshot
 from pipelines.schemas.embeddings import decode_embeddings
 from pipelines.schemas.layouts import REPRESENTATION, layout_of
@@ -135,7 +135,8 @@ def user_vectors(table: pa.Table, where: str = "table") -> UserVectors:
 
 def read_user_vectors(path: str) -> UserVectors:
     """User-level rows of one representation Parquet file."""
-    return user_vectors(pq.read_table(path, columns=USER_COLUMNS), path)
+    fs, where = arrow_filesystem(path)
+    return user_vectors(pq.read_table(where, filesystem=fs, columns=USER_COLUMNS), path)
 
 
 def as_vectors(x: object, dim: int, name: str = "vectors") -> np.ndarray:

@@ -39,7 +39,9 @@ def rows_via_pyarrow(folder: str, kind: str, *, users_only: bool = False) -> int
     return sum(pq.read_table(p, filesystem=fs, columns=["ad_id"]).column("ad_id").null_count for p in paths)
 
 
-def test_features_precompute_and_index_write_s3_and_read_it_back(world: World, s3_folder: str) -> None:
+def test_features_precompute_and_index_write_s3_and_read_it_back(
+    world: World, s3_folder: str, s3proxy: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from pipelines.similarity.user_index import UserIndex
 
     features, reps, index = f"{s3_folder}/features", f"{s3_folder}/reps", f"{s3_folder}/index"
@@ -49,7 +51,12 @@ def test_features_precompute_and_index_write_s3_and_read_it_back(world: World, s
     precompute = ["precompute", "--features", features, "--candidates", str(world.candidates)]
     assert main([*precompute, "--model", str(world.model), "--output", reps, "--all-users", "--device", "cpu"]) == 0
     assert rows_via_pyarrow(reps, REPRESENTATIONS, users_only=True) == world.histories
-    assert main(["index", "--representations", reps, "--output", index, "--factory", "Flat", "--device", "cpu"]) == 0
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3")  # the endpoint as a Beam flag only: Beam's and pyarrow's reads follow it
+    endpoint = f"--s3_endpoint_url={s3proxy['AWS_ENDPOINT_URL_S3']}"
+    assert (
+        main(["index", "--representations", reps, "--output", index, "--factory", "Flat", "--device", "cpu", endpoint])
+        == 0
+    )
     assert len(UserIndex.load(index, gpu="off")) == world.histories
     assert not [p for p in list_tree(s3_folder) if f"/{LOCK_DIR}/" in p]  # every lock claim went with its run
     record("s3: features -> precompute -> index", "committed on S3Proxy, read back (Beam and pyarrow)")
