@@ -1,4 +1,6 @@
-"""Streaming histories on Prism against the real broker: parity with replay, SIGKILL + restart without loss."""
+"""Streaming histories on Prism against the real broker: parity with replay, SIGKILL + restart without loss.
+A broker restart under the running job is tests/streaming/test_outage.py's, on a private broker (stopping
+the shared one failed other tests running beside it)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import pytest
 
 from pipelines.io.kafka.config import KafkaConnection
 from pipelines.streaming.state import latest_histories
-from tests.fixtures.kafka import MakeTopic, kafka_sh, produce
+from tests.fixtures.kafka import MakeTopic, produce
 from tests.streaming.streams import (
     committed,
     generate,
@@ -125,27 +127,3 @@ def _kill(job: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(job.pid, signal.SIGKILL)
     job.wait(timeout=30)
-
-
-def test_broker_restart_while_streaming_loses_nothing(
-    kafka: KafkaConnection, make_topic: MakeTopic, tmp_path: Path, prism: str
-) -> None:
-    run = _start_on_first_half(kafka, make_topic, tmp_path, users=100, seed=23, partitions=2)
-    lines, first, second, topic, group = run.lines, run.first, run.second, run.topic, run.group
-    out, log, job = run.out, run.log, run.job
-    try:
-        deadline = time.monotonic() + 120
-        while sum(c or 0 for c in committed(kafka, topic, group, 2)) < len(first):
-            assert job.poll() is None and time.monotonic() < deadline, "the job did not take the first half"
-            time.sleep(0.3)
-        kafka_sh("down")  # the broker goes away under the running job ...
-        kafka_sh("up")  # ... and comes back
-        produce(kafka, topic, second, keys=keyed(second))
-        deadline = time.monotonic() + 150
-        while sum(c or 0 for c in committed(kafka, topic, group, 2)) < len(lines):
-            assert job.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, "the job did not resume after the broker restart"
-            time.sleep(0.3)
-    finally:
-        _kill(job)
-    same_histories(latest_histories(str(out)), replay(topic, tmp_path / "batch"))
