@@ -51,8 +51,12 @@ fetch_jar() {
     log "$(cd "$JARS" && ls ./*.jar) in $JARS"
 }
 
+# The data folder as a physical path (pwd -P): a server started through a symlinked checkout keeps
+# working after that checkout is gone.
 render_config() {
-    sed -e "s|@PORT@|$PORT|g" -e "s|@STATE@|$STATE|g" "$DEPLOY/s3proxy.properties.in" >"$STATE/s3proxy.properties"
+    local physical
+    physical="$(cd "$STATE" && pwd -P)"
+    sed -e "s|@PORT@|$PORT|g" -e "s|@STATE@|$physical|g" "$DEPLOY/s3proxy.properties.in" >"$STATE/s3proxy.properties"
 }
 
 up() {
@@ -78,8 +82,8 @@ up() {
         # -cp and the main class (not -jar) so that our_pid finds the class name in the command line.
         # shellcheck disable=SC2086
         pid="$(spawn "$PIDFILE" "$LOG" "$JAVA" $HEAP -Djava.awt.headless=true \
-            -cp "$JARS/*" org.gaul.s3proxy.Main \
-            --properties "$STATE/s3proxy.properties")"
+            -cp "$(cd "$JARS" && pwd -P)/*" org.gaul.s3proxy.Main \
+            --properties "$(cd "$STATE" && pwd -P)/s3proxy.properties")"
     fi
     await S3Proxy "$pid" "$PIDFILE" "$LOG" started
     log "up (pid $pid) on http://127.0.0.1:$PORT, bucket s3://$BUCKET"
