@@ -217,7 +217,8 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--sasl-password",
         default=None,
-        help="prefer the GEM_KAFKA_SASL_PASSWORD environment variable (not shown in ps)",
+        help="prefer the GEM_KAFKA_SASL_PASSWORD environment variable or a secret file named by "
+        "GEM_KAFKA_SASL_PASSWORD_FILE (not shown in ps; workers read them too)",
     )
     group.add_argument(
         "--ssl-cafile",
