@@ -8,9 +8,16 @@ cannot run), so :func:`default_options` adds the built jar unless the flag is
 given; :func:`validate_flink` and :func:`validate_spark` stop before any work when the jar is
 missing or the master does not answer, naming the make target or the flag that fixes it.
 
-A master on this host (``localhost``, ``127.*``, ``[local]``, ``local[N]``) runs the SDK harness
-in the submitting process (``--environment_type LOOPBACK``) unless ``--environment_type`` is given:
-Beam's default for a remote master is a Docker container per worker.
+A Flink cluster says what it offers Beam in its own configuration, which :func:`cluster_offers`
+reads from its REST API (``/jobmanager/config``): ``gem.beam.job-endpoint`` (a standing job
+server, which then submits the job: no job server JVM and no jar built per job),
+``gem.beam.worker-pool`` (the SDK worker pool the TaskManagers' harnesses ask for workers:
+``--environment_type EXTERNAL``) and ``gem.beam.shared-paths`` (the path prefixes its workers
+see as the submitter does). ``make flink-up`` starts and advertises both
+(deploy/flink/config.yaml.in); so does the Kubernetes manifest (deploy/flink/flinkdeployment.yaml).
+LOOPBACK (the Python work in the submitting process) only when asked, or for an embedded
+``[local]`` Flink or a ``local[N]`` Spark; :func:`check_worker_paths` refuses inputs and outputs
+that a cluster's workers cannot see, before any work.
 """
 
 from __future__ import annotations
@@ -39,6 +46,13 @@ JARS = REPO / ".cache" / "jars"
 EMBEDDED_FLINK = ("[local]", "[auto]")
 LOCAL_SPARK = re.compile(r"^local(\[.+\])?$")
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "0.0.0.0")
+#: Keys of a Flink cluster's configuration that say what it offers Beam (see the module's doc).
+JOB_ENDPOINT_KEY = "gem.beam.job-endpoint"
+WORKER_POOL_KEY = "gem.beam.worker-pool"
+SHARED_PATHS_KEY = "gem.beam.shared-paths"
+#: With a worker pool: keep each TaskManager's SDK worker for the whole job (Flink runs a batch
+#: job's stages one after another; without a cache each stage would start a new worker process).
+POOL_OPTIONS = {"environment_cache_millis": "60000"}
 #: The job servers' own options (FlinkPipelineOptions, SparkPipelineOptions of the 2.62 runners),
 #: which the SDK learns from the job server at submission: they pass through as given.
 FLINK_OPTIONS = (
@@ -98,25 +112,95 @@ def is_local_address(address: str) -> bool:
     return host in LOCAL_HOSTS or host.startswith("127.")
 
 
+def rest_url(master: str) -> str:
+    return master if re.match(r"^https?://", master) else f"http://{master}"
+
+
+def cluster_offers(master: str) -> dict[str, str] | None:
+    """The ``gem.beam.*`` entries of the configuration of the Flink cluster whose REST API is
+    ``master``; None when it does not answer (:func:`validate_flink` then names the fix)."""
+    import json
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{rest_url(master)}/jobmanager/config", timeout=5) as answer:
+            entries = json.load(answer)
+    except (OSError, ValueError):
+        return None
+    return {e["key"]: str(e["value"]) for e in entries if str(e.get("key", "")).startswith("gem.beam.")}
+
+
 def default_options(runner: str, given: Mapping[str, str | None]) -> dict[str, str]:
-    """Project defaults for FlinkRunner/SparkRunner (added only where ``given`` lacks them): the built
-    job server jar, and LOOPBACK when the master is on this host."""
-    found: dict[str, str] = {}
+    """Project defaults for FlinkRunner/SparkRunner (added only where ``given`` lacks them): a Flink
+    cluster's standing job server and worker pool when it offers them (:func:`cluster_offers`),
+    else the built job server jar; LOOPBACK for an embedded Flink or a ``local[N]`` Spark."""
     if runner == "FlinkRunner":
-        jar = default_flink_jar()
-        master = given.get("flink_master") or "[auto]"
-        found |= {"flink_job_server_jar": jar} if jar else {}
-        local = master in EMBEDDED_FLINK or is_local_address(master)
-    elif runner == "SparkRunner":
-        jar = default_spark_jar()
-        master = given.get("spark_master_url") or "local[4]"
-        found |= {"spark_job_server_jar": jar} if jar else {}
-        local = bool(LOCAL_SPARK.match(master)) or is_local_address(master)
-    else:
-        return found
+        return _flink_defaults(given)
+    if runner != "SparkRunner":
+        return {}
+    jar = default_spark_jar()
+    master = given.get("spark_master_url") or "local[4]"
+    found = {"spark_job_server_jar": jar} if jar else {}
+    local = bool(LOCAL_SPARK.match(master)) or is_local_address(master)
     if local and "environment_type" not in given:
         found["environment_type"] = "LOOPBACK"
     return found
+
+
+def _flink_defaults(given: Mapping[str, str | None]) -> dict[str, str]:
+    jar = default_flink_jar()
+    master = given.get("flink_master") or "[auto]"
+    found = {"flink_job_server_jar": jar} if jar else {}
+    if master in EMBEDDED_FLINK:
+        return found | ({} if "environment_type" in given else {"environment_type": "LOOPBACK"})
+    offers = cluster_offers(master)
+    if offers is None:  # validate_flink names the fix
+        return found
+    if offers.get(JOB_ENDPOINT_KEY) and "flink_job_server_jar" not in given:
+        found = {"job_endpoint": offers[JOB_ENDPOINT_KEY]}
+    if "environment_type" in given:
+        return found
+    if offers.get(WORKER_POOL_KEY):
+        pool = {"environment_type": "EXTERNAL", "environment_config": offers[WORKER_POOL_KEY]}
+        return found | pool | {k: v for k, v in POOL_OPTIONS.items() if k not in given}
+    if is_local_address(master):
+        raise ConfigError(
+            "--environment_type",
+            f"the Flink cluster at {master} offers no SDK worker pool ({WORKER_POOL_KEY} in its configuration)",
+            "restart it with `make flink-down flink-up`, or pass --environment_type EXTERNAL "
+            "--environment_config HOST:PORT of a worker pool (LOOPBACK runs the Python work in this process)",
+        )
+    return found  # a remote cluster that offers no pool: Beam's default (a Docker container per worker)
+
+
+def check_worker_paths(options: PipelineOptions, paths: Mapping[str, Sequence[str]]) -> None:
+    """Refuse, before any work, an input or output (``{flag: [paths]}``) that the workers of a
+    Flink cluster cannot see as the submitter does. Object-store and other URIs (``s3://``, ...) are
+    seen by every worker; a local path is seen by the workers of a cluster on this host, and by a
+    remote cluster's only under one of the prefixes it offers in ``gem.beam.shared-paths`` (a
+    filesystem mounted at the same place on every machine). Relative paths were made absolute
+    against the submitter's directory by the CLI (the workers run in another one). LOOPBACK runs
+    the work here, so it sees what the submitter sees."""
+    from apache_beam.options.pipeline_options import PortableOptions
+
+    flink = options.view_as(FlinkRunnerOptions)
+    master = flink.flink_master or "[auto]"
+    environment = (options.view_as(PortableOptions).environment_type or "").upper()
+    if master in EMBEDDED_FLINK or is_local_address(master) or environment == "LOOPBACK":
+        return
+    local = [(flag, p) for flag, values in paths.items() for p in values if p and "://" not in p]
+    if not local:
+        return
+    offered = (cluster_offers(master) or {}).get(SHARED_PATHS_KEY, "")
+    prefixes = [f"{s.strip().rstrip('/')}/" for s in offered.split(",") if s.strip().strip("/")]
+    for flag, path in local:
+        if not any(os.path.abspath(path).startswith(prefix) for prefix in prefixes):
+            raise ConfigError(
+                flag,
+                f"{path!r} is on this machine's disk, which the workers of the Flink cluster at {master} do not see",
+                "use object storage (s3://BUCKET/...) or a path under a filesystem the cluster shares "
+                f"({SHARED_PATHS_KEY} in its configuration: {offered or 'none'})",
+            )
 
 
 def runner_options(runner: str) -> tuple[str, ...]:
@@ -150,7 +234,9 @@ def _need_jar(value: str | None, flag: str, target: str) -> None:
 
 
 def validate_flink(options: PipelineOptions) -> None:
-    """The job server jar exists and a cluster master (unless embedded) answers."""
+    """The job server (a jar, or a standing one) is there and a cluster master (unless embedded) answers."""
+    from apache_beam.options.pipeline_options import PortableOptions
+
     flink = options.view_as(FlinkRunnerOptions)
     if flink.flink_submit_uber_jar:
         raise ConfigError(
@@ -158,7 +244,11 @@ def validate_flink(options: PipelineOptions) -> None:
             "submits a jar that Beam downloads at run time",
             "leave it out: the job server built by `make flink-jobserver` submits to --flink_master",
         )
-    _need_jar(flink.flink_job_server_jar, "--flink_job_server_jar", "flink-jobserver")
+    endpoint = options.view_as(PortableOptions).job_endpoint
+    if endpoint:
+        reachable(endpoint, "--job_endpoint", "start the cluster's job server (`make flink-up`) or drop the flag")
+    else:
+        _need_jar(flink.flink_job_server_jar, "--flink_job_server_jar", "flink-jobserver")
     master = flink.flink_master or "[auto]"
     if master not in EMBEDDED_FLINK:
         fix = "start the local cluster with `make flink-up`" if is_local_address(master) else "start that cluster"
@@ -191,7 +281,7 @@ def cancel_flink_job(master: str, job_name: str) -> list[str]:
     import json
     import urllib.request
 
-    base = master if master.startswith("http") else f"http://{master}"
+    base = rest_url(master)
     with urllib.request.urlopen(f"{base}/jobs/overview", timeout=10) as answer:
         jobs = json.load(answer)["jobs"]
     ended = ("FINISHED", "CANCELED", "FAILED")

@@ -41,6 +41,45 @@ REMOTE_RUNNERS = ("FlinkRunner", "SparkRunner", "PrismRunner", "DataflowRunner",
 #: so a long timeout never stands for an unreachable one.
 JOB_SERVER_TIMEOUT = {"job_server_timeout": str(10 * 365 * 86_400)}
 
+#: The flags (argparse dests) that name a command's input and output files or folders.
+PATH_FLAGS = (
+    "input", "output", "features", "candidates", "model", "representations", "histories", "previous",
+    "dead_letters", "index",
+)  # fmt: skip
+
+
+def worker_paths(args: argparse.Namespace) -> dict[str, list[str]]:
+    """``{--flag: [paths]}`` of the command's inputs and outputs (see :data:`PATH_FLAGS`)."""
+    found: dict[str, list[str]] = {}
+    for name in PATH_FLAGS:
+        value = getattr(args, name, None)
+        values = value if isinstance(value, list | tuple) else [value]
+        paths = [str(v) for v in values if isinstance(v, str | os.PathLike) and str(v)]
+        if paths:
+            found[f"--{name.replace('_', '-')}"] = paths
+    return found
+
+
+def absolute_paths(args: argparse.Namespace) -> None:
+    """Make a cluster runner's local input and output paths absolute, against this process's
+    directory: its workers run in another directory and would resolve a relative one there."""
+    if getattr(args, "runner", None) not in REMOTE_RUNNERS:
+        return
+    for name in PATH_FLAGS:
+        value = getattr(args, name, None)
+        if isinstance(value, list):
+            setattr(args, name, [_absolute(v) for v in value])
+        elif value is not None:
+            setattr(args, name, _absolute(value))
+
+
+def _absolute(value: object) -> object:
+    if isinstance(value, Path):
+        return value.absolute()
+    if isinstance(value, str) and value and "://" not in value:
+        return os.path.abspath(value)
+    return value
+
 
 def pipeline_options(args: argparse.Namespace, beam_args: Sequence[str] = ()) -> PipelineOptions:
     """Beam options from the runner flags (:func:`pipelines.cli.flags.add_runner`) and the pass-through
@@ -69,6 +108,8 @@ def pipeline_options(args: argparse.Namespace, beam_args: Sequence[str] = ()) ->
     validate_runner(args.runner, options)
     refuse_secret_flags(beam_args)
     FileSystems.set_options(options)  # the driver reads and commits s3:// / gs:// with the job's options
+    if args.runner == "FlinkRunner":
+        jobservers.check_worker_paths(options, worker_paths(args))
     return options
 
 

@@ -1,25 +1,36 @@
 #!/usr/bin/env bash
-# The project's Flink: a local Flink 1.19.0 session cluster and Beam's Flink job server.
+# The project's Flink: a local Flink 1.19.0 session cluster shaped like a production one.
 #
-#   scripts/flink.sh up         assemble the Flink home (first run only), start a JobManager
-#                               and a TaskManager, wait until the REST API shows the slots
-#   scripts/flink.sh down       stop what `up` started (Flink's stop scripts, then by pid)
+#   scripts/flink.sh up         assemble the Flink home (first run only), start a JobManager,
+#                               $FLINK_TASKMANAGERS TaskManagers (default 2), a Beam Python SDK
+#                               worker pool (worker_pool_main from the project's venv) and a
+#                               standing Beam job server; wait until each answers
+#   scripts/flink.sh down       stop what `up` started, by pid (job server, pool, Flink)
 #   scripts/flink.sh status     exit 0 when the cluster answers with its slots, 3 when it is down
 #   scripts/flink.sh jobserver  build Beam's Flink job server jar once (Maven, deploy/flink/pom.xml)
 #                               and print its path on stdout
-#   scripts/flink.sh serve      also start a standing job server on 127.0.0.1:$FLINK_JOB_PORT
-#                               (default 8099) for --runner PortableRunner --job_endpoint;
-#                               it saves the JVM start and warm-up that FlinkRunner pays per run
+#   scripts/flink.sh serve      (re)start only the standing job server (`up` does it too)
+#
+# The cluster advertises its job server and worker pool in its own configuration (keys
+# gem.beam.job-endpoint and gem.beam.worker-pool of config.yaml, read back from the REST API's
+# /jobmanager/config), so a plain `--runner FlinkRunner --flink_master 127.0.0.1:8081` submits
+# through the standing job server (no job server JVM, no jar built per job) with its Python work
+# in the pool's worker processes (--environment_type EXTERNAL): see pipelines/jobservers.py.
+# On one host the pool starts a separate SDK worker process for each TaskManager's harness (each
+# TaskManager asks it for its own worker); in Kubernetes each TaskManager pod has a pool sidecar
+# on localhost (deploy/flink/flinkdeployment.yaml).
 #
 # The Flink home comes from two PyPI files, downloaded (pip download --no-deps), never
 # installed: the apache-flink-libraries sdist (lib/, opt/, plugins/, bin/bash-java-utils.jar)
 # and the apache-flink wheel (bin/*.sh, conf/). Everything lives under $FLINK_STATE
 # (default .cache/flink, git-ignored): downloads/, flink-<v>/ (the home), conf/ (config.yaml
-# rendered from deploy/flink/config.yaml.in), run/ (pid files), log/, tmp/, checkpoints/.
-# `up` is idempotent (a running cluster is left alone; a lost TaskManager is restarted) and
-# safe to run concurrently (flock). REST and web UI on http://127.0.0.1:$FLINK_REST_PORT
-# (default 8081); Beam submits with --flink_master 127.0.0.1:8081. Flink's own metrics: the
-# Prometheus reporter of the distribution on ports $FLINK_PROM_PORTS (default 9250-9259).
+# rendered from deploy/flink/config.yaml.in), run/ (pid files), log/, tmp/, checkpoints/
+# (RocksDB, incremental), savepoints/, artifacts/ (the job server's staged artifacts).
+# `up` is idempotent (running parts are left alone; a lost TaskManager, pool or job server is
+# restarted) and safe to run concurrently (flock). REST and web UI on
+# http://127.0.0.1:$FLINK_REST_PORT (default 8081); job server on $FLINK_JOB_PORT (8099); worker
+# pool on $FLINK_POOL_PORT (50000). Flink's own metrics: the Prometheus reporter of the
+# distribution on ports $FLINK_PROM_PORTS (default 9250-9259).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -37,7 +48,8 @@ FLINK_HOME="${GEM_FLINK_HOME:-$STATE/flink-$VERSION}"
 export FLINK_CONF_DIR="$STATE/conf"
 PORT="${FLINK_REST_PORT:-8081}"
 RPC_PORT="${FLINK_RPC_PORT:-6123}"
-SLOTS="${FLINK_SLOTS:-2}"
+SLOTS="${FLINK_SLOTS:-2}"  # per TaskManager
+TASKMANAGERS="${FLINK_TASKMANAGERS:-2}"
 JM_MEMORY="${FLINK_JM_MEMORY:-1024m}"
 TM_MEMORY="${FLINK_TM_MEMORY:-2560m}"
 WAIT_S="${FLINK_WAIT_S:-120}"
@@ -47,6 +59,7 @@ HEARTBEAT_TIMEOUT="${FLINK_HEARTBEAT_TIMEOUT_MS:-50000}"
 PROM_PORTS="${FLINK_PROM_PORTS:-9250-9259}"
 BEAM_RUNNER_VERSION="${BEAM_FLINK_RUNNER_VERSION:-$(versions_env BEAM_FLINK_RUNNER_VERSION)}"
 JOB_PORT="${FLINK_JOB_PORT:-8099}"
+POOL_PORT="${FLINK_POOL_PORT:-50000}"
 JARS="$ROOT/.cache/jars"
 JOBSERVER_JAR="$JARS/beam-runners-flink-$MINOR-job-server-$BEAM_RUNNER_VERSION.jar"
 DOWNLOADS="$STATE/downloads"
@@ -58,6 +71,9 @@ JM_PIDFILE="$FLINK_PID_DIR/flink-gem-standalonesession.pid"
 TM_PIDFILE="$FLINK_PID_DIR/flink-gem-taskexecutor.pid"
 JS_PIDFILE="$FLINK_PID_DIR/jobserver.pid"
 JS_LOG="$FLINK_LOG_DIR/jobserver.log"
+POOL_PIDFILE="$FLINK_PID_DIR/worker-pool.pid"
+POOL_LOG="$FLINK_LOG_DIR/worker-pool.log"
+VENV_PY="$ROOT/.venv/bin/python"
 
 log() { echo "flink: $*" >&2; }
 
@@ -80,16 +96,17 @@ live_pids() {
 js_pid() { pid_from "$JS_PIDFILE" "flink-.*-job-server"; }
 jm_pids() { live_pids "$JM_PIDFILE" StandaloneSessionClusterEntrypoint; }
 tm_pids() { live_pids "$TM_PIDFILE" TaskManagerRunner; }
+pool_pid() { pid_from "$POOL_PIDFILE" "worker_pool_main"; }
 
 # overview: the REST API's /overview JSON, or fail.
 overview() { curl -fsS -m 3 "$URL/overview" 2>/dev/null; }
 json_int() { sed -n "s/.*\"$1\":\([0-9]*\).*/\1/p" <<<"$2"; }
 
-# answers: the cluster has at least one TaskManager and all $SLOTS slots registered.
+# answers: the cluster has all $TASKMANAGERS TaskManagers and their slots registered.
 answers() {
     local o
     o="$(overview)" || return 1
-    (($(json_int taskmanagers "$o") >= 1 && $(json_int slots-total "$o") >= SLOTS))
+    (($(json_int taskmanagers "$o") >= TASKMANAGERS && $(json_int slots-total "$o") >= SLOTS * TASKMANAGERS))
 }
 
 download() {
@@ -152,7 +169,7 @@ render_config() {
     sed -e "s|@STATE@|$STATE|g" -e "s|@PORT@|$PORT|g" -e "s|@RPC_PORT@|$RPC_PORT|g" \
         -e "s|@SLOTS@|$SLOTS|g" -e "s|@JM_MEMORY@|$JM_MEMORY|g" -e "s|@TM_MEMORY@|$TM_MEMORY|g" \
         -e "s|@HEARTBEAT_INTERVAL@|$HEARTBEAT_INTERVAL|g" -e "s|@HEARTBEAT_TIMEOUT@|$HEARTBEAT_TIMEOUT|g" \
-        -e "s|@PROM_PORTS@|$PROM_PORTS|g" \
+        -e "s|@PROM_PORTS@|$PROM_PORTS|g" -e "s|@JOB_PORT@|$JOB_PORT|g" -e "s|@POOL_PORT@|$POOL_PORT|g" \
         "$DEPLOY/config.yaml.in" >"$FLINK_CONF_DIR/config.yaml"
     echo "127.0.0.1:$PORT" >"$FLINK_CONF_DIR/masters"
     echo "127.0.0.1" >"$FLINK_CONF_DIR/workers"
@@ -164,14 +181,10 @@ daemon() {
     setsid -w "$FLINK_HOME/bin/$1.sh" "$2" 9>&- </dev/null 2>&1 | sed 's/^/flink: /' >&2
 }
 
-up() {
-    local jm tm
+# start_flink: the JobManager and the missing TaskManagers; wait until all slots are registered.
+start_flink() {
+    local jm live
     jm="$(jm_pids | head -n 1)"
-    tm="$(tm_pids | head -n 1)"
-    if [[ -n "$jm" && -n "$tm" ]] && answers; then
-        log "already up (jobmanager pid $jm, taskmanager pid $tm) on $URL"
-        return 0
-    fi
     if [[ -z "$jm" ]] && port_open "$PORT"; then
         log "127.0.0.1:$PORT is taken by a process this script did not start;" \
             "stop it or choose another port with FLINK_REST_PORT=..."
@@ -181,39 +194,58 @@ up() {
     assemble
     render_config
     if [[ -z "$jm" ]]; then
-        [[ -n "$(jm_pids)" ]] || rm -f "$JM_PIDFILE"
+        rm -f "$JM_PIDFILE"
         log "starting the JobManager (REST on $URL, logs in $STATE/log)"
         daemon jobmanager start
     fi
-    if [[ -z "$tm" ]]; then
-        rm -f "$TM_PIDFILE"
-        log "starting a TaskManager ($SLOTS slots, $TM_MEMORY)"
+    live="$(tm_pids | wc -l)"
+    if ((live == 0)); then rm -f "$TM_PIDFILE"; fi
+    while ((live < TASKMANAGERS)); do
+        log "starting TaskManager $((live + 1)) of $TASKMANAGERS ($SLOTS slots, $TM_MEMORY)"
         daemon taskmanager start
-    fi
+        live=$((live + 1))
+    done
     local waited=0
     until answers; do
-        if [[ -z "$(jm_pids)" || -z "$(tm_pids)" ]]; then
+        if [[ -z "$(jm_pids)" || "$(tm_pids | wc -l)" -lt "$TASKMANAGERS" ]]; then
             log "a Flink process exited during start; last lines of its log:"
             tail -n 30 "$(ls -t "$STATE"/log/*.log | head -n 1)" >&2 || true
             exit 1
         fi
         if ((waited >= WAIT_S * 2)); then
-            log "no TaskManager with $SLOTS slots on $URL/overview within ${WAIT_S}s; see $STATE/log"
+            log "no $TASKMANAGERS TaskManagers with $SLOTS slots each on $URL/overview within ${WAIT_S}s; see $STATE/log"
             exit 1
         fi
         sleep 0.5
         waited=$((waited + 1))
     done
-    log "up (jobmanager pid $(jm_pids | head -n 1), taskmanager pid $(tm_pids | head -n 1)) on $URL, $SLOTS slots"
 }
 
-# serve: a standing Beam job server for the running cluster (started after `up`).
+# start_pool: Beam's SDK worker pool from the project's venv ('python' on its PATH is the venv's,
+# which the pool runs for each worker; PYTHONPATH makes the workers import this checkout).
+start_pool() {
+    local pid
+    if pid="$(pool_pid)"; then
+        await "worker pool" "$pid" "$POOL_PIDFILE" "$POOL_LOG" port_open "$POOL_PORT"
+        return 0
+    fi
+    [[ -x "$VENV_PY" ]] || { log "no $VENV_PY: run make setup"; exit 1; }
+    if port_open "$POOL_PORT"; then
+        log "127.0.0.1:$POOL_PORT is taken by a process this script did not start;" \
+            "stop it or choose another port with FLINK_POOL_PORT=..."
+        exit 1
+    fi
+    log "starting the SDK worker pool on 127.0.0.1:$POOL_PORT (log: $POOL_LOG)"
+    pid="$(PATH="$ROOT/.venv/bin:$PATH" PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" spawn "$POOL_PIDFILE" "$POOL_LOG" \
+        "$VENV_PY" -m apache_beam.runners.worker.worker_pool_main --service_port="$POOL_PORT")"
+    await "worker pool" "$pid" "$POOL_PIDFILE" "$POOL_LOG" port_open "$POOL_PORT"
+}
+
+# serve: the standing Beam job server for the running cluster.
 serve() {
     local pid
     answers || { log "the cluster is down; run: make flink-up"; exit 1; }
-    if pid="$(js_pid)"; then
-        log "job server already up (pid $pid) on 127.0.0.1:$JOB_PORT"
-    else
+    if ! pid="$(js_pid)"; then
         if port_open "$JOB_PORT"; then
             log "127.0.0.1:$JOB_PORT is taken by a process this script did not start;" \
                 "stop it or choose another port with FLINK_JOB_PORT=..."
@@ -224,32 +256,38 @@ serve() {
         log "starting the job server on 127.0.0.1:$JOB_PORT for $URL (log: $JS_LOG)"
         pid="$(spawn "$JS_PIDFILE" "$JS_LOG" \
             java -Xmx1g -jar "$JOBSERVER_JAR" --flink-master "127.0.0.1:$PORT" \
-            --job-host 127.0.0.1 --job-port "$JOB_PORT" --artifact-port $((JOB_PORT - 1)) \
-            --expansion-port $((JOB_PORT - 2)) --artifacts-dir "$STATE/artifacts")"
+            --job-host 127.0.0.1 --job-port "$JOB_PORT" --artifact-port 0 \
+            --expansion-port 0 --artifacts-dir "$STATE/artifacts")"
     fi
     await "job server" "$pid" "$JS_PIDFILE" "$JS_LOG" port_open "$JOB_PORT"
-    log "job server up (pid $pid): --runner PortableRunner --job_endpoint 127.0.0.1:$JOB_PORT --environment_type LOOPBACK"
+}
+
+up() {
+    start_flink
+    start_pool
+    serve
+    log "up on $URL: jobmanager pid $(jm_pids | head -n 1), taskmanager pids $(tm_pids | tr '\n' ' ')" \
+        "($SLOTS slots each), worker pool pid $(pool_pid) on 127.0.0.1:$POOL_PORT," \
+        "job server pid $(js_pid) on 127.0.0.1:$JOB_PORT"
 }
 
 down() {
-    local pids js
-    if js="$(js_pid)"; then
-        log "stopping the job server (pid $js)"
-        stop_pid "$js"
-        rm -f "$JS_PIDFILE"
-    fi
+    local pids p
+    for p in "$(js_pid || true):job server:$JS_PIDFILE" "$(pool_pid || true):worker pool:$POOL_PIDFILE"; do
+        if [[ -n "${p%%:*}" ]]; then
+            log "stopping the ${p#*:} (pid ${p%%:*})"
+            kill -TERM -- "-${p%%:*}" 2>/dev/null || true # its process group: the pool's workers too
+            stop_pid "${p%%:*}"
+        fi
+        rm -f "${p##*:}"
+    done
     pids="$(jm_pids) $(tm_pids)"
     if [[ -z "${pids// /}" ]]; then
         rm -f "$JM_PIDFILE" "$TM_PIDFILE"
-        log "not running"
+        log "down"
         return 0
     fi
     log "stopping pids" $pids
-    if [[ -x "$FLINK_HOME/bin/taskmanager.sh" ]]; then
-        daemon taskmanager stop-all || true
-        daemon jobmanager stop-all || true
-    fi
-    local p
     for p in $pids; do
         kill -TERM "$p" 2>/dev/null || true
     done
@@ -261,7 +299,7 @@ down() {
 }
 
 status() {
-    local o
+    local o js pool
     if o="$(overview)" && answers; then
         echo "flink: up (jobmanager pid $(jm_pids | head -n 1 || true)) on $URL:" \
             "$(json_int taskmanagers "$o") taskmanager(s), $(json_int slots-available "$o")/$(json_int slots-total "$o") slots free," \
@@ -269,6 +307,13 @@ status() {
         [[ -f "$JOBSERVER_JAR" ]] || echo "flink: no job server jar yet (build it with: make flink-jobserver)"
         if js="$(js_pid)" && port_open "$JOB_PORT"; then
             echo "flink: standing job server up (pid $js) on 127.0.0.1:$JOB_PORT"
+        else
+            echo "flink: no standing job server (run: make flink-up)"
+        fi
+        if pool="$(pool_pid)" && port_open "$POOL_PORT"; then
+            echo "flink: SDK worker pool up (pid $pool) on 127.0.0.1:$POOL_PORT"
+        else
+            echo "flink: no SDK worker pool (run: make flink-up)"
         fi
         return 0
     fi

@@ -95,24 +95,57 @@ def test_jvm_runner_errors_name_the_make_target(monkeypatch, tmp_path) -> None:
     assert err.value.flag == "--spark_master_url"
 
 
-def test_flink_and_spark_get_the_built_jar_and_loopback_on_this_host(monkeypatch, tmp_path) -> None:
+@pytest.fixture(autouse=True)
+def _no_flink_cluster(monkeypatch) -> None:
+    """As on a machine where no Flink cluster answers (a test that needs one says what it offers)."""
+    monkeypatch.setattr("pipelines.jobservers.cluster_offers", lambda master: None)
+
+
+POOL = {"gem.beam.job-endpoint": "127.0.0.1:8099", "gem.beam.worker-pool": "127.0.0.1:50000"}
+
+
+def test_flink_goes_through_the_clusters_job_server_and_worker_pool(monkeypatch, tmp_path) -> None:
+    from pipelines.jobservers import default_options
+
+    built = str(tmp_path / "built.jar")
+    monkeypatch.setattr("pipelines.jobservers.default_flink_jar", lambda: built)
+    monkeypatch.setattr("pipelines.jobservers.cluster_offers", lambda master: dict(POOL))
+    external = {"environment_type": "EXTERNAL", "environment_config": "127.0.0.1:50000"}
+    assert default_options("FlinkRunner", {"flink_master": "localhost:8081"}) == {
+        "job_endpoint": "127.0.0.1:8099",
+        **external,
+        "environment_cache_millis": "60000",
+    }
+    # LOOPBACK only when asked; a given jar means a job server of its own
+    asked = default_options("FlinkRunner", {"flink_master": "localhost:8081", "environment_type": "LOOPBACK"})
+    assert asked == {"job_endpoint": "127.0.0.1:8099"}
+    own = default_options("FlinkRunner", {"flink_master": "flink.prod:8081", "flink_job_server_jar": built})
+    assert own == {"flink_job_server_jar": built, **external, "environment_cache_millis": "60000"}
+
+
+def test_a_local_flink_cluster_without_a_worker_pool_is_refused(monkeypatch, tmp_path) -> None:
+    from pipelines.jobservers import default_options
+
+    monkeypatch.setattr("pipelines.jobservers.default_flink_jar", lambda: str(tmp_path / "built.jar"))
+    monkeypatch.setattr("pipelines.jobservers.cluster_offers", lambda master: {})
+    with pytest.raises(ConfigError, match="make flink-down flink-up") as err:
+        default_options("FlinkRunner", {"flink_master": "127.0.0.1:8081"})
+    assert err.value.flag == "--environment_type"
+    # a remote one keeps Beam's default environment (a Docker container per worker)
+    remote = default_options("FlinkRunner", {"flink_master": "flink.prod:8081"})
+    assert remote == {"flink_job_server_jar": str(tmp_path / "built.jar")}
+
+
+def test_embedded_flink_and_local_spark_run_loopback(monkeypatch, tmp_path) -> None:
     from pipelines.jobservers import default_options
 
     built = str(tmp_path / "built.jar")
     monkeypatch.setattr("pipelines.jobservers.default_flink_jar", lambda: built)
     monkeypatch.setattr("pipelines.jobservers.default_spark_jar", lambda: built)
     loopback = {"environment_type": "LOOPBACK"}
-    assert default_options("FlinkRunner", {"flink_master": "localhost:8081"}) == {
-        "flink_job_server_jar": built,
-        **loopback,
-    }
     assert default_options("FlinkRunner", {"flink_master": "[local]"})["environment_type"] == "LOOPBACK"
     assert default_options("FlinkRunner", {}) == {"flink_job_server_jar": built, **loopback}  # Beam's [auto]
-    # a remote master keeps Beam's DOCKER default; a given environment is never replaced
     assert default_options("FlinkRunner", {"flink_master": "flink.prod:8081"}) == {"flink_job_server_jar": built}
-    assert "environment_type" not in default_options(
-        "FlinkRunner", {"flink_master": "127.0.0.1:8081", "environment_type": "EXTERNAL"}
-    )
     assert default_options("SparkRunner", {"spark_master_url": "local[2]"}) == {
         "spark_job_server_jar": built,
         **loopback,
@@ -121,6 +154,45 @@ def test_flink_and_spark_get_the_built_jar_and_loopback_on_this_host(monkeypatch
         "spark_job_server_jar": built
     }
     assert default_options("PrismRunner", {}) == {}
+
+
+def test_paths_a_remote_clusters_workers_cannot_see_are_refused(monkeypatch) -> None:
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipelines.jobservers import check_worker_paths
+
+    offers = {**POOL, "gem.beam.shared-paths": "/mnt/shared, s3://ignored"}
+    monkeypatch.setattr("pipelines.jobservers.cluster_offers", lambda master: offers)
+    remote = PipelineOptions(["--flink_master=flink.prod:8081", "--environment_type=EXTERNAL"])
+    check_worker_paths(remote, {"--input": ["s3://bucket/events.parquet"], "--output": ["/mnt/shared/out"]})
+    with pytest.raises(ConfigError, match="do not see") as err:
+        check_worker_paths(remote, {"--input": ["/mnt/shared/in"], "--output": ["/home/me/out"]})
+    assert err.value.flag == "--output"
+    with pytest.raises(ConfigError, match="/mnt/shared"):  # a prefix, not a string prefix
+        check_worker_paths(remote, {"--output": ["/mnt/sharedother/out"]})
+    # workers on this host, or the work in this process, see this machine's disk
+    check_worker_paths(PipelineOptions(["--flink_master=127.0.0.1:8081"]), {"--output": ["/home/me/out"]})
+    loopback = PipelineOptions(["--flink_master=flink.prod:8081", "--environment_type=LOOPBACK"])
+    check_worker_paths(loopback, {"--output": ["/home/me/out"]})
+
+
+def test_a_cluster_runners_relative_paths_become_absolute(tmp_path, monkeypatch) -> None:
+    from pathlib import Path
+
+    from pipelines.runners import absolute_paths, worker_paths
+
+    monkeypatch.chdir(tmp_path)
+    args = argparse.Namespace(runner="FlinkRunner", input=["a.parquet", "s3://b/c"], output="out", model=Path("m"))
+    absolute_paths(args)
+    assert (args.input, args.output, args.model) == (
+        [str(tmp_path / "a.parquet"), "s3://b/c"],
+        str(tmp_path / "out"),
+        tmp_path / "m",
+    )
+    assert worker_paths(args)["--model"] == [str(tmp_path / "m")]
+    local = argparse.Namespace(runner="DirectRunner", output="out")
+    absolute_paths(local)
+    assert local.output == "out"
 
 
 def test_given_jar_and_environment_reach_beam_as_given(monkeypatch, tmp_path) -> None:

@@ -1,6 +1,7 @@
 # Flink and Spark targets, included by the repository's Makefile (paths relative to the
 # repository root). scripts/flink.sh and scripts/spark.sh hold the logic; see their heads.
-#   make flink-up          Flink 1.19.0 session cluster on http://127.0.0.1:8081 (2 slots)
+#   make flink-up          Flink 1.19.0 session cluster on http://127.0.0.1:8081: a JobManager,
+#                          2 TaskManagers (2 slots each), an SDK worker pool, a standing job server
 #   make flink-jobserver   .cache/jars/beam-runners-flink-1.19-job-server-2.62.0.jar
 #   make spark-jobserver   .cache/jars/beam-runners-spark-3-job-server-2.62.0.jar
 
@@ -14,10 +15,10 @@ endif
 
 .PHONY: flink-up flink-down flink-status flink-jobserver spark-jobserver
 
-flink-up: ## start the local Flink 1.19.0 cluster on 127.0.0.1:8081, 2 slots (assembled from PyPI files on first run)
+flink-up: setup $(FLINK_JOBSERVER_JAR) ## start the local Flink 1.19.0 cluster on 127.0.0.1:8081: JobManager, 2 TaskManagers, SDK worker pool, job server
 	bash scripts/flink.sh up
 
-flink-down: ## stop the local Flink cluster (its home stays in .cache/flink)
+flink-down: ## stop the local Flink cluster, its worker pool and job server (its home stays in .cache/flink)
 	bash scripts/flink.sh down
 
 flink-status: ## show whether the local Flink cluster answers, and its free slots

@@ -118,6 +118,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra and not getattr(args._module, "ACCEPTS_BEAM_ARGS", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.beam_args = extra
+    if getattr(args, "runner", None) not in (None, "DirectRunner", "local"):
+        from pipelines.runners import absolute_paths
+
+        absolute_paths(args)  # a cluster's workers run in another directory
     configure_logging(args.verbose)
     redact.install()  # stdout, stderr and every log record: no password is ever printed
     try:

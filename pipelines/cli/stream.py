@@ -177,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
     on_flink = _runner(args.beam_args) == "FlinkRunner"
     config = stream_config(args, on_flink)
     flags.check_port_free(args.metrics_port)
-    options = _flink_options(args.beam_args) if on_flink else _prism_options(args)
+    options = _flink_options(args) if on_flink else _prism_options(args)
     _check_output(args.output)
     check_output(
         args.output,
@@ -275,14 +275,15 @@ def _prism_options(args: argparse.Namespace) -> PipelineOptions:
     return options
 
 
-def _flink_options(beam_args: list[str]) -> PipelineOptions:
-    """FlinkRunner in streaming mode with checkpoints (they drive the offset commits), the built
-    job server jar and, on this host, the SDK harness in this process."""
+def _flink_options(args: argparse.Namespace) -> PipelineOptions:
+    """FlinkRunner in streaming mode with checkpoints (they drive the offset commits), through the
+    cluster's standing job server and worker pool when it offers them (see pipelines.jobservers)."""
     from apache_beam.options.pipeline_options import PipelineOptions
 
     from pipelines import jobservers
-    from pipelines.runners import JOB_SERVER_TIMEOUT, check_known, given_values, merge_flags
+    from pipelines.runners import JOB_SERVER_TIMEOUT, check_known, given_values, merge_flags, worker_paths
 
+    beam_args = args.beam_args
     given = given_values(beam_args)
     if given.get("shutdown_sources_after_idle_ms") is not None:
         raise ConfigError(
@@ -316,6 +317,7 @@ def _flink_options(beam_args: list[str]) -> PipelineOptions:
             "pass milliseconds > 0: offsets are committed on checkpoints",
         )
     jobservers.validate_flink(options)
+    jobservers.check_worker_paths(options, worker_paths(args))
     return options
 
 

@@ -39,13 +39,13 @@ def test_prometheus_scrapes_flink(tmp_path: Path) -> None:
 
         what = "Flink scraped (a cluster started without the reporter: make flink-down flink-up)"
         health = wait_for(scraped, 120, what)
-        assert len(health) == len(targets) == 2, health  # one JobManager, one TaskManager
+        assert len(health) == len(targets) == 3, health  # one JobManager, two TaskManagers
         managers = wait_for(
             lambda: prometheus.values('flink_jobmanager_numRegisteredTaskManagers{job="flink"}'),
             60,
             "JobManager metric",
         )
-        assert managers == {"flink": 1.0}
+        assert managers == {"flink": 2.0}
         heap = prometheus.values('sum by (job) (flink_taskmanager_Status_JVM_Memory_Heap_Used{job="flink"})')
         assert heap["flink"] > 0
         assert not prometheus.alerts("JobDown", state="pending") and not prometheus.alerts("JobDown")

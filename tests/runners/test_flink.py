@@ -1,10 +1,9 @@
 """Every batch pipeline on the local Flink cluster (``make flink-up``) writes what the local runner writes.
 
-``features`` goes through ``--runner FlinkRunner`` with the default (built) job server jar, as a
-user runs it; ``replay``, ``precompute`` and ``index`` submit to one job server standing for the
-session (``--runner PortableRunner``), to the same cluster, which saves a JVM start and the job
-server jar's upload per job. Outputs are compared as sets of rows (file layout and row order are
-the runner's business).
+Each goes through a plain ``--runner FlinkRunner --flink_master 127.0.0.1:8081``, as a user runs
+it: the cluster's standing job server submits it and its Python work runs in the cluster's SDK
+worker pool (``--environment_type EXTERNAL``, see pipelines/jobservers.py). Outputs are compared
+as sets of rows (file layout and row order are the runner's business).
 """
 
 from __future__ import annotations
@@ -30,8 +29,7 @@ pytestmark = pytest.mark.integration
 KINDS = ("histories", "training_examples", "dead_letters")
 
 
-def _portable(endpoint: str) -> list[str]:
-    return ["--runner", "PortableRunner", "--job_endpoint", endpoint, "--environment_type", "LOOPBACK", *FLINK[2:]]
+ON_FLINK = ["--runner", "FlinkRunner", *FLINK]
 
 
 def _summary(out: Path) -> dict:
@@ -44,7 +42,7 @@ def _summary(out: Path) -> dict:
 
 def test_features_on_flink_equals_local(flink: str, world: World, tmp_path: Path) -> None:
     base = ["features", "--input", str(world.events), "--num-shards", "4"]
-    assert main([*base, "--output", str(tmp_path / "flink"), "--runner", "FlinkRunner", *FLINK]) == 0
+    assert main([*base, "--output", str(tmp_path / "flink"), *ON_FLINK]) == 0
     for kind in KINDS:
         assert rows(tmp_path / "flink", kind) == rows(world.features, kind), kind
     assert _summary(tmp_path / "flink") == _summary(world.features)
@@ -52,14 +50,14 @@ def test_features_on_flink_equals_local(flink: str, world: World, tmp_path: Path
 
 
 def test_replay_on_flink_equals_local(
-    flink_job_endpoint: str, kafka: KafkaConnection, make_topic: MakeTopic, world: World, tmp_path: Path
+    flink: str, kafka: KafkaConnection, make_topic: MakeTopic, world: World, tmp_path: Path
 ) -> None:
     topic = make_topic(partitions=2)
     assert main(["produce", "--input", str(world.events), "--topic", topic, "--no-progress"]) == 0
     produce(kafka, topic, [b"{not json"], partition=1)
     base = ["replay", "--topic", topic, "--num-shards", "4", "--max-split", "1000"]
     assert main([*base, "--output", str(tmp_path / "local")]) == 0
-    assert main([*base, "--output", str(tmp_path / "flink"), *_portable(flink_job_endpoint)]) == 0
+    assert main([*base, "--output", str(tmp_path / "flink"), *ON_FLINK]) == 0
     for kind in KINDS:
         assert rows(tmp_path / "flink", kind) == rows(tmp_path / "local", kind), kind
     summary = _summary(tmp_path / "flink")
@@ -67,11 +65,11 @@ def test_replay_on_flink_equals_local(
     assert (summary["records_in"], summary["dead_letters"]) == (_summary(world.features)["records_in"] + 1, 1)
 
 
-def test_precompute_on_flink_equals_local(flink_job_endpoint: str, world: World, tmp_path: Path) -> None:
+def test_precompute_on_flink_equals_local(flink: str, world: World, tmp_path: Path) -> None:
     base = ["precompute", "--features", str(world.features), "--candidates", str(world.candidates)]
     base += ["--model", str(world.model), "--all-users", "--device", "cpu"]
     assert main([*base, "--output", str(tmp_path / "local")]) == 0
-    assert main([*base, "--output", str(tmp_path / "flink"), *_portable(flink_job_endpoint)]) == 0
+    assert main([*base, "--output", str(tmp_path / "flink"), *ON_FLINK]) == 0
     # Inference batches form per bundle, so a runner's batches differ and floats differ in the last
     # bits of a float16 embedding (matmul order): everything else is equal, the floats close.
     floats = ("embedding", "p_click", "p_conversion")
@@ -95,7 +93,7 @@ def _embeddings(table: pa.Table) -> np.ndarray:
     return np.stack(table.column("embedding").to_numpy(zero_copy_only=False)).astype(np.float32)
 
 
-def test_index_on_flink_equals_local(flink_job_endpoint: str, tmp_path: Path) -> None:
+def test_index_on_flink_equals_local(flink: str, tmp_path: Path) -> None:
     vectors = clustered(1200, 16, seed=7)
     users = np.arange(1200)
     tables = [
@@ -104,7 +102,7 @@ def test_index_on_flink_equals_local(flink_job_endpoint: str, tmp_path: Path) ->
     reps = write_representations(tmp_path / "reps", tables)
     base = ["index", "--representations", str(reps), "--factory", "IVF16,Flat", "--shards", "2", "--device", "cpu"]
     assert main([*base, "--output", str(tmp_path / "local")]) == 0
-    assert main([*base, "--output", str(tmp_path / "flink"), *_portable(flink_job_endpoint)]) == 0
+    assert main([*base, "--output", str(tmp_path / "flink"), *ON_FLINK]) == 0
     assert np.array_equal(read_id_map(tmp_path / "flink"), read_id_map(tmp_path / "local"))
     assert np.array_equal(read_vectors(tmp_path / "flink"), read_vectors(tmp_path / "local"))
     local, flink = read_manifest(tmp_path / "local"), read_manifest(tmp_path / "flink")

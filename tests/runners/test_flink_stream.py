@@ -1,9 +1,10 @@
 """``stream`` on Flink: it reads whenever its bundles end, and its keyed state, checkpointed by
 Flink, survives a SIGKILL of the TaskManager.
 
-Each job runs at parallelism 2 on a Flink cluster of its own (2 slots; the same Flink home
-as ``make flink-up``'s, its own ports, configuration, checkpoints and logs), so killing its
-TaskManager disturbs no other job. Mid-topic, after a checkpoint has completed, the
+Each job runs at parallelism 2 on a Flink cluster of its own, shaped like ``make flink-up``'s
+(two TaskManagers of one slot each, an SDK worker pool, a standing job server; the same Flink
+home, its own ports, configuration, checkpoints and logs), so killing a TaskManager disturbs no
+other job. Mid-topic, after a checkpoint has completed, the
 TaskManager is SIGKILLed; a replacement is started (a standalone cluster never restarts
 one by itself), Flink restarts the job from its last checkpoint, and once the group has
 committed the whole topic the histories must equal a ``replay`` of the same offsets.
@@ -76,6 +77,9 @@ def own_flink(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnFlink]:
         "GEM_FLINK_HOME": str(home),
         "FLINK_REST_PORT": str(port),
         "FLINK_RPC_PORT": str(_free_port()),
+        "FLINK_JOB_PORT": str(_free_port()),
+        "FLINK_POOL_PORT": str(_free_port()),
+        "FLINK_SLOTS": "1",  # per TaskManager: a parallelism-2 job has a subtask on each
         # a killed TaskManager is noticed within seconds, not the default 50 s
         "FLINK_HEARTBEAT_INTERVAL_MS": "1000",
         "FLINK_HEARTBEAT_TIMEOUT_MS": "10000",
