@@ -3,7 +3,7 @@
 #
 #   scripts/flink.sh up         assemble the Flink home (first run only), start a JobManager,
 #                               $FLINK_TASKMANAGERS TaskManagers (default 2), a Beam Python SDK
-#                               worker pool (worker_pool_main from the project's venv) and a
+#                               worker pool (python -m pipelines.worker_pool, the venv's) and a
 #                               standing Beam job server; wait until each answers
 #   scripts/flink.sh down       stop what `up` started, by pid (job server, pool, Flink)
 #   scripts/flink.sh status     exit 0 when the cluster answers with its slots, 3 when it is down
@@ -96,7 +96,7 @@ live_pids() {
 js_pid() { pid_from "$JS_PIDFILE" "flink-.*-job-server"; }
 jm_pids() { live_pids "$JM_PIDFILE" StandaloneSessionClusterEntrypoint; }
 tm_pids() { live_pids "$TM_PIDFILE" TaskManagerRunner; }
-pool_pid() { pid_from "$POOL_PIDFILE" "worker_pool_main"; }
+pool_pid() { pid_from "$POOL_PIDFILE" "pipelines.worker_pool"; }
 
 # overview: the REST API's /overview JSON, or fail.
 overview() { curl -fsS -m 3 "$URL/overview" 2>/dev/null; }
@@ -221,8 +221,9 @@ start_flink() {
     done
 }
 
-# start_pool: Beam's SDK worker pool from the project's venv ('python' on its PATH is the venv's,
-# which the pool runs for each worker; PYTHONPATH makes the workers import this checkout).
+# start_pool: Beam's SDK worker pool from the project's venv (pipelines/worker_pool.py: Beam's
+# worker_pool_main, safe for TaskManagers that share it); 'python' on its PATH is the venv's, which
+# the pool runs for each worker; PYTHONPATH makes the workers import this checkout.
 start_pool() {
     local pid
     if pid="$(pool_pid)"; then
@@ -237,7 +238,7 @@ start_pool() {
     fi
     log "starting the SDK worker pool on 127.0.0.1:$POOL_PORT (log: $POOL_LOG)"
     pid="$(PATH="$ROOT/.venv/bin:$PATH" PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" spawn "$POOL_PIDFILE" "$POOL_LOG" \
-        "$VENV_PY" -m apache_beam.runners.worker.worker_pool_main --service_port="$POOL_PORT")"
+        "$VENV_PY" -m pipelines.worker_pool --service_port="$POOL_PORT")"
     await "worker pool" "$pid" "$POOL_PIDFILE" "$POOL_LOG" port_open "$POOL_PORT"
 }
 
@@ -272,15 +273,18 @@ up() {
 }
 
 down() {
-    local pids p
-    for p in "$(js_pid || true):job server:$JS_PIDFILE" "$(pool_pid || true):worker pool:$POOL_PIDFILE"; do
-        if [[ -n "${p%%:*}" ]]; then
-            log "stopping the ${p#*:} (pid ${p%%:*})"
-            kill -TERM -- "-${p%%:*}" 2>/dev/null || true # its process group: the pool's workers too
-            stop_pid "${p%%:*}"
-        fi
-        rm -f "${p##*:}"
-    done
+    local pids p pid
+    if pid="$(js_pid)"; then
+        log "stopping the job server (pid $pid)"
+        stop_pid "$pid"
+    fi
+    rm -f "$JS_PIDFILE"
+    if pid="$(pool_pid)"; then
+        log "stopping the worker pool (pid $pid) and its workers"
+        kill -TERM -- "-$pid" 2>/dev/null || true # its process group (spawn's setsid): the workers too
+        stop_pid "$pid"
+    fi
+    rm -f "$POOL_PIDFILE"
     pids="$(jm_pids) $(tm_pids)"
     if [[ -z "${pids// /}" ]]; then
         rm -f "$JM_PIDFILE" "$TM_PIDFILE"

@@ -14,7 +14,13 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS: list[set[str]] = [
     {"pipelines.schemas", "pipelines", "pipelines.errors", "pipelines.lazy", "pipelines.durations", "pipelines.redact"},
     {"pipelines.settings", "pipelines.secrets"},
-    {"pipelines.optional", "pipelines.jobservers", "pipelines.dataflow_job", "pipelines.harness_logs"},
+    {
+        "pipelines.optional",
+        "pipelines.jobservers",
+        "pipelines.dataflow_job",
+        "pipelines.harness_logs",
+        "pipelines.worker_pool",
+    },
     {"pipelines.io", "pipelines.runners"},
     {"pipelines.features", "pipelines.generator", "pipelines.model", "pipelines.store", "pipelines.inspect"},
     {"pipelines.precompute"},
