@@ -10,7 +10,7 @@ missing or the master does not answer, naming the make target or the flag that f
 
 A Flink cluster says what it offers Beam in its own configuration, which :func:`cluster_offers`
 reads from its REST API (``/jobmanager/config``): ``gem.beam.job-endpoint`` (a standing job
-server, which then submits the job: no job server JVM and no jar built per job),
+server, which then submits the job: no job server JVM started per job),
 ``gem.beam.worker-pool`` (the SDK worker pool the TaskManagers' harnesses ask for workers:
 ``--environment_type EXTERNAL``) and ``gem.beam.shared-paths`` (the path prefixes its workers
 see as the submitter does). ``make flink-up`` starts and advertises both

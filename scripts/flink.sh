@@ -14,7 +14,7 @@
 # The cluster advertises its job server and worker pool in its own configuration (keys
 # gem.beam.job-endpoint and gem.beam.worker-pool of config.yaml, read back from the REST API's
 # /jobmanager/config), so a plain `--runner FlinkRunner --flink_master 127.0.0.1:8081` submits
-# through the standing job server (no job server JVM, no jar built per job) with its Python work
+# through the standing job server (no job server JVM started per job) with its Python work
 # in the pool's worker processes (--environment_type EXTERNAL): see pipelines/jobservers.py.
 # On one host the pool starts a separate SDK worker process for each TaskManager's harness (each
 # TaskManager asks it for its own worker); in Kubernetes each TaskManager pod has a pool sidecar
