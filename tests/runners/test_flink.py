@@ -105,6 +105,6 @@ def test_index_on_flink_equals_local(flink: str, tmp_path: Path) -> None:
     assert main([*base, "--output", str(tmp_path / "flink"), *ON_FLINK]) == 0
     assert np.array_equal(read_id_map(tmp_path / "flink"), read_id_map(tmp_path / "local"))
     assert np.array_equal(read_vectors(tmp_path / "flink"), read_vectors(tmp_path / "local"))
-    local, flink = read_manifest(tmp_path / "local"), read_manifest(tmp_path / "flink")
-    assert flink.tuned_recall_at_10 == local.tuned_recall_at_10
-    assert (flink.count, flink.search_params, flink.shards) == (1200, local.search_params, 2)
+    local, theirs = read_manifest(tmp_path / "local"), read_manifest(tmp_path / "flink")
+    assert theirs.tuned_recall_at_10 == local.tuned_recall_at_10
+    assert (theirs.count, theirs.search_params, theirs.shards) == (1200, local.search_params, 2)
