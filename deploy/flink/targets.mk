@@ -15,7 +15,7 @@ endif
 
 .PHONY: flink-up flink-down flink-status flink-jobserver spark-jobserver
 
-flink-up: setup $(FLINK_JOBSERVER_JAR) ## start the local Flink 1.19.0 cluster on 127.0.0.1:8081: JobManager, 2 TaskManagers, SDK worker pool, job server
+flink-up: $(FLINK_JOBSERVER_JAR) ## start the local Flink 1.19.0 cluster on 127.0.0.1:8081: JobManager, 2 TaskManagers, SDK worker pool, job server
 	bash scripts/flink.sh up
 
 flink-down: ## stop the local Flink cluster, its worker pool and job server (its home stays in .cache/flink)
