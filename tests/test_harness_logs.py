@@ -1,4 +1,4 @@
-"""The end of a LOOPBACK job logs no traceback (issue 29, item 8): the runner hanging up the SDK harness's
+"""The end of a LOOPBACK job logs no traceback: the runner hanging up the SDK harness's
 data stream is dropped at its source, and nothing else is."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Errors instead of tracebacks (issue 29, item 10): each case ended in a traceback (or a wrong exit 0)
-before; now flags are checked before work and the CLI's top-level handler turns the known failure
+"""Errors instead of tracebacks: each case could end in a traceback (or a wrong exit 0) if flags were
+not checked first; flags are checked before work and the CLI's top-level handler turns the known failure
 classes into one ``error: ... Fix: ...`` line with exit 2."""
 
 from __future__ import annotations

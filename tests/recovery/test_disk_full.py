@@ -1,4 +1,4 @@
-"""Disk full (issue 29, item 7): a write that hits ENOSPC on a real, small file system ends in
+"""Disk full: a write that hits ENOSPC on a real, small file system ends in
 ``error: no space left on DEVICE writing PATH. Fix: ...`` with exit 2 and no traceback, and the
 earlier snapshot and store stay intact. The file system is a tmpfs of a few MiB, mounted for the test
 (root, or CAP_SYS_ADMIN, is needed: without it the test is skipped, saying so)."""

@@ -1,4 +1,4 @@
-"""Secrets (issue 29, item 12): a Dataflow dry run given a SASL password and a Redis password writes
+"""Secrets: a Dataflow dry run given a SASL password and a Redis password writes
 neither into any file (``dataflow_job/pipeline.pb`` held the SASL password in a pickled DoFn), and
 prints neither. Workers read both from their environment (GEM_KAFKA_SASL_PASSWORD, GEM_REDIS_PASSWORD,
 or the ``*_FILE`` secret files)."""

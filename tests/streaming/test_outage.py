@@ -1,4 +1,4 @@
-"""A broker outage under a running `stream` job (issue 29, item 6), on a private broker of the test
+"""A broker outage under a running `stream` job, on a private broker of the test
 session's own (the shared one is never stopped): the job rides it out within --broker-timeout, logs
 one line when the broker goes away and one when it is back (no traceback), and its histories equal a
 replay of the topic."""

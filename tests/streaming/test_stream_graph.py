@@ -2,7 +2,7 @@
 
 A DoFn that takes a bundle finalizer makes Prism send FinalizeBundle after every bundle of its
 stage, and the SDK answers each one for a bundle that registered nothing with a logged traceback
-("Bundle is not in a finalizable state": 20-54 per successful run, issue 29, item 8)."""
+("Bundle is not in a finalizable state")."""
 
 from __future__ import annotations
 
