@@ -6,7 +6,7 @@ index pipeline builds it, step by step: a seeded training sample, ``SHARDS`` sha
 written as part files (in this process, one after the other, standing in for the workers),
 then the finishing step in a child process of its own (:func:`finish_parts`: inverted lists
 merged on disk, vectors streamed, search parameter tuned against chunked exact search), whose
-peak RSS (``ru_maxrss``) is the figure the design bounds. Factories:
+peak RSS (``VmHWM``) is the figure the design bounds. Factories:
 
 - ``IVF<n>,Flat``: what ``--factory auto`` built before at this size (float codes);
 - ``auto``: ``IVF<n>,PQ32,RFlat`` from 4M users (32-byte codes, refined on the stored vectors).
@@ -118,8 +118,18 @@ def child_finish(folder: Path, mode: str) -> None:
         write_built(built, out)
         manifest = built.manifest
     seconds = time.perf_counter() - started
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = _vm_hwm()
     print(json.dumps({"peak_rss": peak, "seconds": seconds, "params": manifest.search_params}), flush=True)
+
+
+def _vm_hwm() -> int:
+    """This process's peak RSS in bytes (``VmHWM``: its own address space's high-water mark;
+    ``ru_maxrss`` would also count the forking parent's pages, kept across ``exec``)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _run_child(folder: Path, mode: str) -> dict[str, Any]:
