@@ -42,6 +42,7 @@ from pipelines.similarity.artifact import (
 from pipelines.similarity.faiss_ops import faiss
 from pipelines.similarity.ondisk import (
     IVFDATA_NAME,
+    FileRows,
     MappedIndex,
     Part,
     concat_vectors,
@@ -316,7 +317,7 @@ def finish_parts(
     if index.ntotal != len(user_ids):
         raise RuntimeError(f"index holds {index.ntotal} vectors, the id map {len(user_ids)}")
     tuned = _tune_with(
-        ops.searchable(index, build.factory, np.load(vectors, mmap_mode="r"), spec.metric),
+        ops.searchable(index, build.factory, FileRows(vectors), spec.metric),  # type: ignore[arg-type]
         spec,
         len(user_ids),
         lambda own: read_rows(vectors, own),

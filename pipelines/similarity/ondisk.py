@@ -38,6 +38,7 @@ from pipelines.similarity.faiss_ops import faiss
 
 __all__ = [
     "IVFDATA_NAME",
+    "FileRows",
     "MappedIndex",
     "Part",
     "concat_vectors",
@@ -231,9 +232,34 @@ def concat_vectors(parts: list[Part], out: str | Path, dim: int) -> Path:
     return Path(out)
 
 
+class FileRows:
+    """Rows of a 2-D ``.npy`` file read on demand with ``pread``: ``rows[positions] -> (n, D)``.
+    Unlike a memory map, the rows read do not stay in the process (a refine step over many
+    tuning queries touches pages all over the file)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.offset, self.shape, self.dtype = _npy_layout(self.path)
+
+    def __len__(self) -> int:
+        return int(self.shape[0])
+
+    def __getitem__(self, positions: np.ndarray) -> np.ndarray:
+        rows = np.asarray(positions, np.int64).ravel()
+        width = int(self.shape[1]) * self.dtype.itemsize
+        out = bytearray(len(rows) * width)
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            for i, row in enumerate(rows.tolist()):
+                out[i * width : (i + 1) * width] = os.pread(fd, width, self.offset + row * width)
+        finally:
+            os.close(fd)
+        return np.frombuffer(bytes(out), dtype=self.dtype).reshape(len(rows), int(self.shape[1]))
+
+
 def read_rows(path: str | Path, positions: np.ndarray) -> np.ndarray:
-    """``(len(positions), D) float32`` rows of a ``.npy`` file (memory-mapped: only those pages)."""
-    return np.asarray(np.load(path, mmap_mode="r")[np.asarray(positions, np.int64)], dtype=np.float32)
+    """``(len(positions), D) float32`` rows of a ``.npy`` file, read with ``pread``."""
+    return np.asarray(FileRows(path)[positions], dtype=np.float32)
 
 
 def exact_search_files(
