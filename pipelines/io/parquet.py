@@ -6,6 +6,8 @@ Paths go through Beam's ``FileSystems`` so the same code writes local paths and
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
@@ -41,10 +43,26 @@ def _is_vector(kind: pa.DataType) -> bool:
     return pa.types.is_fixed_size_list(kind) and pa.types.is_floating(kind.value_type)
 
 
+def read_file(data: bytes | Any, columns: list[str] | None = None) -> pa.Table:
+    """One Parquet file from its bytes (or an open file object, read whole first).
+
+    The bytes are copied into an Arrow-owned buffer before Arrow sees them. Arrow's pool threads
+    release what a read used some time after the read returns; a buffer that wraps a Python
+    object (``bytes``, a Python stream's reads) then takes the GIL from that thread, and at
+    interpreter exit that aborts the process ("terminate called without an active exception",
+    apache/arrow#33975, #34314, #50482; seen here at the end of `lookup`). An Arrow-owned buffer
+    is released without Python.
+    """
+    raw = data if isinstance(data, bytes | bytearray | memoryview) else data.read()
+    owned = pa.allocate_buffer(len(raw))
+    memoryview(owned).cast("B")[:] = raw
+    return pq.ParquetFile(pa.BufferReader(owned)).read(columns=columns)
+
+
 def read_table(path: str, layout: Layout | None = None) -> pa.Table:
     """Read one Parquet file; when ``layout`` is given, check its name and version."""
     with FileSystems.open(path) as source:
-        table = pq.read_table(source)
+        table = read_file(source)
     if layout is not None:
         check_layout(table.schema, layout, path)
     return table

@@ -23,7 +23,6 @@ from typing import NoReturn
 
 import apache_beam as beam
 import pyarrow as pa
-import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -42,7 +41,7 @@ from pipelines.io.commit import (
 )
 from pipelines.io.files import join
 from pipelines.io.objects import copy_file, delete_object, exists, list_tree
-from pipelines.io.parquet import check_layout
+from pipelines.io.parquet import check_layout, read_file
 from pipelines.io.pins import pin_snapshot, release
 from pipelines.io.summary import Balance, read_summary
 from pipelines.schemas.layouts import Layout
@@ -182,7 +181,7 @@ class Snapshot:
 
     def read_table(self, path: str, layout: Layout | None = None) -> pa.Table:
         """The Parquet file at ``path``, checked as :meth:`read_bytes` says (and its layout, if given)."""
-        table = pq.read_table(pa.BufferReader(self.read_bytes(path)))
+        table = read_file(self.read_bytes(path))
         if layout is not None:
             check_layout(table.schema, layout, path)
         return table

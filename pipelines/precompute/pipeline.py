@@ -23,6 +23,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipelines.errors import ConfigError
 from pipelines.io.files import expand_inputs, splits_of
 from pipelines.io.outputs import store_path
+from pipelines.io.parquet import read_file
 from pipelines.io.snapshot import COUNTS, DEAD, HISTORIES, Snapshot, open_snapshot, run_stage
 from pipelines.io.summary import Balance
 from pipelines.io.transforms import WriteDeadLetters, WriteSummary
@@ -96,11 +97,10 @@ class _Resolved:
 
 
 def _watermark(features: Snapshot) -> int | None:
-    import pyarrow.parquet as pq
 
     for path in features.files(HISTORIES):
         with FileSystems.open(path) as f:
-            table = pq.read_table(f, columns=["watermark"])
+            table = read_file(f, columns=["watermark"])
         if table.num_rows:
             return int(table.column("watermark").cast("int64")[0].as_py())
     return None
