@@ -25,8 +25,7 @@ present() { [[ -x "$CHROMIUM" && -x "$DRIVER" ]]; }
 install() {
     present && return 0
     mkdir -p "$STATE"
-    exec 9>"$STATE/.lock"
-    flock -w 600 9 || { log "another scripts/browser.sh has held $STATE/.lock for 600 s"; exit 1; }
+    state_lock 600
     present && return 0
     apt_install "$STATE/apt.log" chromium chromium-driver
     present || { log "installed, but $CHROMIUM or $DRIVER is still missing"; exit 1; }

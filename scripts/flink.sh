@@ -344,10 +344,7 @@ jobserver() {
 }
 
 mkdir -p "$STATE"
-lock() {
-    exec 9>"$STATE/.lock"
-    flock -w 300 9 || { log "another scripts/flink.sh has held $STATE/.lock for 300 s"; exit 1; }
-}
+lock() { state_lock 300; }
 
 case "${1:-}" in
     up)

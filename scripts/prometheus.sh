@@ -85,10 +85,7 @@ status() {
 }
 
 mkdir -p "$STATE"
-lock() {
-    exec 9>"$STATE/.lock"
-    flock -w 300 9 || { log "another scripts/prometheus.sh has held $STATE/.lock for 300 s"; exit 1; }
-}
+lock() { state_lock 300; }
 
 case "${1:-}" in
     install)

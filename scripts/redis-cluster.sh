@@ -167,10 +167,7 @@ status() {
 }
 
 mkdir -p "$STATE"
-lock() {
-    exec 9>"$STATE/.lock"
-    flock -w 120 9 || { log "another scripts/redis-cluster.sh has held $STATE/.lock for 120 s"; exit 1; }
-}
+lock() { state_lock 120; }
 
 case "${1:-}" in
     up)

@@ -101,10 +101,7 @@ status() {
 }
 
 mkdir -p "$STATE"
-lock() {
-    exec 9>"$STATE/.lock"
-    flock -w 60 9 || { log "another scripts/redis.sh has held $STATE/.lock for 60 s"; exit 1; }
-}
+lock() { state_lock 60; }
 
 case "${1:-}" in
     up)

@@ -93,3 +93,10 @@ apt_install() {
         exit 1
     }
 }
+
+# Take "$STATE/.lock" on fd 9 for the calling script, waiting at most $1 seconds: one start, stop
+# or install of a service at a time (the callers define log and STATE).
+state_lock() {
+    exec 9>"$STATE/.lock"
+    flock -w "$1" 9 || { log "another scripts/$(basename "$0") has held $STATE/.lock for $1 s"; exit 1; }
+}

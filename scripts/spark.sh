@@ -123,10 +123,7 @@ status() {
 }
 
 mkdir -p "$STATE"
-lock() {
-    exec 9>"$STATE/.lock"
-    flock -w 600 9 || { log "another scripts/spark.sh has held $STATE/.lock for 600 s"; exit 1; }
-}
+lock() { state_lock 600; }
 
 case "${1:-}" in
     jobserver)
