@@ -173,7 +173,8 @@ def build_precompute(
             p
             | "RepHistory"
             >> WriteRepHistory(
-                resolved.features.files(HISTORIES),
+                resolved.features,
+                resolved.num_shards,
                 config.model,
                 length=config.rep_history,
                 root=root,

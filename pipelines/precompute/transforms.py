@@ -30,7 +30,14 @@ from pipelines.precompute.records import concat_representations, latest_per_key,
 from pipelines.precompute.requests import STAGE, check_candidates, merge_catalogs, request_elements, user_elements
 from pipelines.schemas.layouts import HISTORY, REPRESENTATION
 
-__all__ = ["AdCatalog", "PrepareRequests", "ReadCandidates", "RunGemInference", "WriteRepresentations"]
+__all__ = [
+    "AdCatalog",
+    "PrepareRequests",
+    "ReadCandidates",
+    "RunGemInference",
+    "WriteRepresentations",
+    "shard_histories",
+]
 
 NAMESPACE = "precompute"
 
@@ -104,10 +111,10 @@ class _PrepareFn(beam.DoFn):
                 yield shard, batch
 
     def _histories(self, shard: int) -> pa.Table:
-        return _shard_histories(self._features, shard)
+        return shard_histories(self._features, shard)
 
 
-def _shard_histories(features: Snapshot, shard: int) -> pa.Table:
+def shard_histories(features: Snapshot, shard: int) -> pa.Table:
     """One shard's histories from the snapshot checked at construction (each file checked against
     its commit as it is opened); a shard the commit lists no file for has none."""
     path = shard_path(features.root, HISTORIES, shard)
@@ -222,7 +229,7 @@ class _WriteShardFn(beam.DoFn):
         from pipelines.model.context import encode_contexts, user_contexts
 
         assert self._store is not None and self._contexts_from is not None
-        index = HistoryIndex(_shard_histories(self._contexts_from, shard))
+        index = HistoryIndex(shard_histories(self._contexts_from, shard))
         users = np.unique(table.column("user_id").to_numpy())
         at = int(index.event_time.max()) + 1 if index.num_events else 0
         contexts = user_contexts(index, users, np.full(len(users), at, np.int64))
