@@ -85,14 +85,15 @@ def quick_world(root: Path) -> tuple[Path, Path]:
     return features, model
 
 
-def full_world(root: Path, seed: int = 7, niche: float = 0.0) -> tuple[Path, Path]:
+def full_world(root: Path, seed: int = 7, niche: float = 0.0, train: bool = True) -> tuple[Path, Path]:
+    """A demo-sized generated world's features and (with ``train``) its trained model, made once."""
     flags = ("--niche-affinity", str(niche)) if niche else ()
     events = generate(20_000, 14, root / f"events-20000x14-s{seed}.parquet", seed=seed, flags=flags)
     features, model = root / "features", root / "model"
     py = [sys.executable, "-m", "pipelines"]
     if not (features / "summary.json").exists():
         subprocess.run([*py, "features", "--input", str(events), "--output", str(features), "--overwrite"], check=True)
-    if not (model / "model.pt").exists():
+    if train and not (model / "model.pt").exists():
         subprocess.run([*py, "train", "--features", str(features), "--output", str(model), "--no-progress"], check=True)
     return features, model
 
@@ -268,41 +269,16 @@ def print_loopfm(report: dict, world: str) -> None:
     )
 
 
-def main() -> None:
-    torch.set_num_threads(1)
-    root = WORK / ("transfer-quick" if QUICK else "transfer")
-    root.mkdir(parents=True, exist_ok=True)
-    if QUICK:
-        short = transfer_report(*quick_world(root), root / "report-window4", vm_window=4)
-    else:
-        niche = WORK / "transfer-niche"
-        short = transfer_report(*full_world(niche, seed=13, niche=16.0), niche / "report", vm_window=8)
-    print_loopfm(short, "niche-window8" if not QUICK else "planted-window4")
-    features, model = quick_world(root) if QUICK else full_world(root)
-    lat = latency(features, root)
+def print_latency(lat: dict[str, float]) -> None:
     print(
         "200-candidate request: downstream (one store read with the context record + fallbacks + ranker) "
         f"p50 {lat['downstream_p50']:.2f} ms p99 {lat['downstream_p99']:.2f} ms; "
         f"before (window and counts cut from the history index) p50 {lat['downstream_index_p50']:.2f} ms "
         f"p99 {lat['downstream_index_p99']:.2f} ms; GEM live p50 {lat['gem_p50']:.2f} ms p99 {lat['gem_p99']:.2f} ms"
     )
-    report = transfer_report(features, model, root / "report")
-    print_loopfm(report, "default-window32" if not QUICK else "planted-window32")
-    v = report["variants"]
-    for name in ("distilled", "reps", "reps_int8", "reps_pca16", "reps_distilled", "reps_similar", "seq", "seq_reps"):
-        print(
-            f"{name:<15} AUC {v[name]['auc']:.4f} gain {v[name]['auc_gain']:+.4f} "
-            f"[{v[name]['auc_gain_p05']:+.4f}, {v[name]['auc_gain_p95']:+.4f}]"
-        )
-    print(report["verdict"])
-    print(f"holdout rows per fallback path: main {report['paths']['main']}; similar {report['paths']['similar']}")
-    result(
-        "reps-instead-of-kd",
-        float(report["reps_instead_of_kd"]),
-        1,
-        f"gain with the as-of representations / gain with distillation (LoopFM instead of KD; p05 "
-        f"{report['reps_instead_of_kd_p05']:.2f}; alone AUC {v['alone']['auc']:.4f})",
-    )
+
+
+def latency_results(lat: dict[str, float]) -> None:
     result(
         "transfer-latency",
         lat["gem_p99"] / lat["downstream_p99"],
@@ -320,6 +296,39 @@ def main() -> None:
         f"{lat['downstream_seq_p99'] / lat['downstream_p99']:.2f}x); GEM live is "
         f"{lat['gem_p99'] / lat['downstream_seq_p99']:.1f}x slower (target >= 10x)",
     )
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    root = WORK / ("transfer-quick" if QUICK else "transfer")
+    root.mkdir(parents=True, exist_ok=True)
+    if QUICK:
+        short = transfer_report(*quick_world(root), root / "report-window4", vm_window=4)
+    else:
+        niche = WORK / "transfer-niche"
+        short = transfer_report(*full_world(niche, seed=13, niche=16.0), niche / "report", vm_window=8)
+    print_loopfm(short, "niche-window8" if not QUICK else "planted-window4")
+    features, model = quick_world(root) if QUICK else full_world(root)
+    lat = latency(features, root)
+    print_latency(lat)
+    report = transfer_report(features, model, root / "report")
+    print_loopfm(report, "default-window32" if not QUICK else "planted-window32")
+    v = report["variants"]
+    for name in ("distilled", "reps", "reps_int8", "reps_pca16", "reps_distilled", "reps_similar", "seq", "seq_reps"):
+        print(
+            f"{name:<15} AUC {v[name]['auc']:.4f} gain {v[name]['auc_gain']:+.4f} "
+            f"[{v[name]['auc_gain_p05']:+.4f}, {v[name]['auc_gain_p95']:+.4f}]"
+        )
+    print(report["verdict"])
+    print(f"holdout rows per fallback path: main {report['paths']['main']}; similar {report['paths']['similar']}")
+    result(
+        "reps-instead-of-kd",
+        float(report["reps_instead_of_kd"]),
+        1,
+        f"gain with the as-of representations / gain with distillation (LoopFM instead of KD; p05 "
+        f"{report['reps_instead_of_kd_p05']:.2f}; alone AUC {v['alone']['auc']:.4f})",
+    )
+    latency_results(lat)
 
 
 if __name__ == "__main__":
