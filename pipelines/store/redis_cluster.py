@@ -206,7 +206,7 @@ class RedisClusterStore(RedisStore):
                 pool = self._cluster.get_redis_connection(node).connection_pool
                 conn = pool.get_connection()
                 held.append((pool, conn))
-                conn.send_packed_command(conn.pack_commands([args for args, _ in cmds]))
+                conn.send_packed_command(_pack(conn, [args for args, _ in cmds]))
             out: dict[str, list[Any]] = {}
             for (name, (_, cmds)), (_, conn) in zip(plan.items(), held, strict=False):
                 out[name] = [_reply(conn) for _ in cmds]
@@ -397,6 +397,19 @@ class RedisClusterStore(RedisStore):
             f"RedisClusterStore({redact(self.config.url)!r}, namespace={self.config.namespace!r}, "
             f"layout={self.config.layout!r})"
         )
+
+
+def _pack(conn: Any, commands: list[tuple[Any, ...]]) -> list[bytes]:
+    """``commands`` in the wire protocol. Our commands' arguments are already bytes or str, so with
+    hiredis installed each goes straight to its C packer (the one redis-py's own hiredis serializer
+    ends in) without redis-py's per-argument Python pass; else redis-py packs them."""
+    from redis.connection import HiredisRespSerializer
+
+    if isinstance(getattr(conn, "_command_packer", None), HiredisRespSerializer):
+        import hiredis
+
+        return [hiredis.pack_command(args) for args in commands]
+    return cast(list[bytes], conn.pack_commands(commands))
 
 
 def _reply(conn: Any) -> Any:
