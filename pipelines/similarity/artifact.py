@@ -24,9 +24,10 @@ from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from pipelines.errors import ConfigError, LayoutError
-from pipelines.io.parquet import read_table, write_table
+from pipelines.io.parquet import read_table
 from pipelines.schemas.layouts import ID_MAP
 from pipelines.similarity.faiss_ops import Metric
 
@@ -35,6 +36,7 @@ __all__ = ["ID_MAP", "IndexManifest", "Layout", "read_manifest", "write_id_map",
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 IDS_NAME = "ids.parquet"
+ID_MAP_ROWS = 1 << 20  # rows per row group of the id map as it is written
 VECTORS_NAME = "vectors.npy"
 INDEX_NAME = "index.faiss"
 Layout = Literal["merged", "ondisk", "sharded"]
@@ -114,15 +116,18 @@ def _inside(folder: Path, name: object) -> bool:
     return (folder / name).resolve().parent == folder.resolve()
 
 
-def write_id_map(folder: str | Path, user_ids: np.ndarray) -> Path:
+def write_id_map(folder: str | Path, user_ids: np.ndarray, *, rows: int = ID_MAP_ROWS) -> Path:
+    """``ids.parquet`` in row groups of ``rows``: the writer holds one group's positions and
+    encoded pages, not a second copy of the whole map. No dictionary: every id is distinct,
+    and a dictionary over millions of them would be the biggest buffer of the index's finish."""
     path = Path(folder) / IDS_NAME
-    table = pa.table(
-        {
-            "position": pa.array(np.arange(len(user_ids), dtype=np.int64)),
-            "user_id": pa.array(np.asarray(user_ids, dtype=np.int64)),
-        }
-    )
-    write_table(table, str(path), ID_MAP)
+    user_ids = np.asarray(user_ids, dtype=np.int64)
+    schema = ID_MAP.with_metadata()
+    with pq.ParquetWriter(str(path), schema, compression="zstd", use_dictionary=False) as writer:
+        for start in range(0, max(len(user_ids), 1), rows):
+            chunk = user_ids[start : start + rows]
+            position = np.arange(start, start + len(chunk), dtype=np.int64)
+            writer.write_table(pa.table([position, chunk], schema=schema))
     return path
 
 
