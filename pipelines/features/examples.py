@@ -25,14 +25,16 @@ class LabelWindows:
             raise ValueError(f"label windows must be positive, got {self}")
 
 
-def _next_event(impressions: pl.DataFrame, merged: pl.DataFrame, codes: list[int], name: str) -> pl.DataFrame:
-    """``impressions`` with the time of the next event of ``codes`` on the same (user, item)."""
+def _next_event(impressions: pl.DataFrame, merged: pl.DataFrame, codes: list[int], name: str) -> pl.Series:
+    """Per row of ``impressions`` (in its order): the time of the next event of ``codes`` on the same
+    (user, item). The as-of join runs on a narrow (row, user, item, time) frame, not on the wide rows."""
     later = (
         merged.filter(pl.col("event_type").is_in(codes))
         .select("user_id", "item_id", pl.col("event_time").alias(name))
         .sort(name)
     )
-    return impressions.sort("event_time").join_asof(
+    narrow = impressions.select(pl.int_range(pl.len()).alias("_row"), "user_id", "item_id", "event_time")
+    joined = narrow.sort("event_time").join_asof(
         later,
         left_on="event_time",
         right_on=name,
@@ -40,33 +42,36 @@ def _next_event(impressions: pl.DataFrame, merged: pl.DataFrame, codes: list[int
         strategy="forward",
         check_sortedness=False,  # both sides are sorted by time above
     )
+    return joined.sort("_row")[name]
 
 
-def training_examples(
-    merged: pl.DataFrame, fresh: pl.DataFrame, previous_summary: pl.DataFrame, windows: LabelWindows
-) -> pl.DataFrame:
+def training_examples(merged: pl.DataFrame, previous_summary: pl.DataFrame, windows: LabelWindows) -> pl.DataFrame:
     """One row per new impression, in TRAINING_EXAMPLE column order.
 
     ``merged``: the touched users' retained + new events, sorted by (user, time,
-    id), with ``_kept`` (retained in the snapshot) and ``_n`` (events per user).
+    id), with ``_fresh`` (new in this build), ``_kept`` (retained in the snapshot) and
+    ``_n`` (events per user).
     ``history_length`` counts the user's events strictly before the impression,
     evicted ones included; ``history_end`` is the exclusive end of that prefix in
     the snapshot's stored list, so ``events[:history_end]`` never holds the future.
     """
-    positioned = merged.with_columns(
-        (pl.col("event_time").rank("min").over("user_id") - 1).cast(pl.Int64).alias("_before"),
-        (pl.col("_n") - pl.col("_kept").cast(pl.Int64).sum().over("user_id")).alias("_evicted_now"),
-        pl.col("_kept").cast(pl.Int64).sum().over("user_id").alias("_stored"),
+    per_user = merged.group_by("user_id").agg(
+        pl.col("_kept").cast(pl.Int64).sum().alias("_stored"), pl.col("_n").first().alias("_n")
     )
-    impressions = positioned.join(
-        fresh.filter(pl.col("event_type") == IMPRESSION).select("user_id", "event_id"),
-        on=["user_id", "event_id"],
-        how="semi",
+    impressions = (
+        merged.with_columns((pl.col("event_time").rank("min").over("user_id") - 1).cast(pl.Int64).alias("_before"))
+        .filter(pl.col("_fresh") & (pl.col("event_type") == IMPRESSION))
+        .drop("_n")
     )
-    labelled = _next_event(impressions, merged, [CLICK], "_click")
-    labelled = _next_event(labelled, merged, list(CONVERSION_CODES), "_conv")
-    labelled = labelled.join(previous_summary.select("user_id", "p_evicted"), on="user_id", how="left")
-    return labelled.sort("user_id", "event_time", "event_id").select(
+    labelled = (
+        impressions.with_columns(
+            _next_event(impressions, merged, [CLICK], "_click"),
+            _next_event(impressions, merged, list(CONVERSION_CODES), "_conv"),
+        )
+        .join(per_user.with_columns((pl.col("_n") - pl.col("_stored")).alias("_evicted_now")), on="user_id", how="left")
+        .join(previous_summary.select("user_id", "p_evicted"), on="user_id", how="left")
+    )
+    return labelled.select(
         "event_id",
         "user_id",
         "item_id",
@@ -84,4 +89,4 @@ def training_examples(
         .alias("converted"),
         (pl.col("p_evicted").fill_null(0) + pl.col("_before")).alias("history_length"),
         (pl.col("_before") - pl.col("_evicted_now")).clip(0, pl.col("_stored")).cast(pl.Int32).alias("history_end"),
-    )
+    ).sort("user_id", "event_time", "event_id")

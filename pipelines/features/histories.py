@@ -65,14 +65,17 @@ def _previous_summary(previous: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _evicted_summary(evicted: pl.DataFrame) -> pl.DataFrame:
-    """Per user: counts per surface and event type, first/last time of evicted events."""
-    return evicted.group_by("user_id").agg(
-        pl.len().cast(pl.Int64).alias("e_evicted"),
-        *[(pl.col("surface") == i).sum().cast(pl.Int64).alias(f"e_s{i}") for i in range(len(SURFACES))],
-        *[(pl.col("event_type") == i).sum().cast(pl.Int64).alias(f"e_t{i}") for i in range(len(EVENT_TYPES))],
-        pl.col("event_time").min().alias("e_first"),
-        pl.col("event_time").max().alias("e_last"),
+def _evicted_summary(merged: pl.DataFrame) -> pl.DataFrame:
+    """Per user: counts per surface and event type, first/last time of the evicted events
+    (not ``_kept``), aggregated in place rather than over a filtered copy of the events."""
+    out = ~pl.col("_kept")
+    time = pl.col("event_time").filter(out)
+    return merged.group_by("user_id").agg(
+        out.sum().cast(pl.Int64).alias("e_evicted"),
+        *[(out & (pl.col("surface") == i)).sum().cast(pl.Int64).alias(f"e_s{i}") for i in range(len(SURFACES))],
+        *[(out & (pl.col("event_type") == i)).sum().cast(pl.Int64).alias(f"e_t{i}") for i in range(len(EVENT_TYPES))],
+        time.min().alias("e_first"),
+        time.max().alias("e_last"),
     )
 
 
@@ -111,41 +114,59 @@ def build_histories(
     default the newest event time seen); it only ever moves forward.
     """
     MAX_HISTORY.check(max_history)
-    new = _frame(events.select(EVENT.schema.names).cast(EVENT.schema)).sort(_SORT)
-    unique = new.unique(subset="event_id", keep="first", maintain_order=True)
     prev = _frame(previous if previous is not None else HISTORY.schema.empty_table())
     prev_events = _previous_events(prev)
-    fresh = unique.join(prev_events.select("user_id", "event_id"), on=["user_id", "event_id"], how="anti")
+    fresh, duplicates, duplicates_previous = _fresh_events(events, prev_events)
     watermark = _watermark(fresh, prev, watermark_ms)
     touched = fresh.select("user_id").unique()
-    merged = (
-        pl.concat(
-            [
-                prev_events.join(touched, on="user_id", how="semi").with_columns(pl.lit(None, pl.Int8).alias("device")),
-                fresh.select("user_id", *_EVENT_FIELDS, "device"),
-            ],
-            how="vertical_relaxed",
-        )
-        .sort(_SORT)
-        .with_columns(
-            pl.int_range(pl.len()).over("user_id").alias("_pos"),
-            pl.len().over("user_id").cast(pl.Int64).alias("_n"),
-        )
-        .with_columns((pl.col("_pos") >= pl.col("_n") - max_history).alias("_kept"))
-    )
-    rebuilt = _rebuilt_rows(merged, prev, touched, fresh, watermark)
+    merged = _merged(prev_events.join(touched, on="user_id", how="semi"), fresh, max_history)
+    del fresh  # merged holds the new events (``_fresh``); one copy is enough
+    rebuilt = _rebuilt_rows(merged, prev, touched, watermark)
     untouched = prev.join(touched, on="user_id", how="anti").with_columns(
         pl.lit(watermark).cast(pl.Datetime("ms", "UTC")).alias("watermark")
     )
     histories = pl.concat([rebuilt, untouched.select(rebuilt.columns)], how="vertical_relaxed").sort("user_id")
-    examples = training_examples(merged, fresh, _previous_summary(prev), windows or LabelWindows())
+    examples = training_examples(merged, _previous_summary(prev), windows or LabelWindows())
     return HistoryBuild(
         histories=conform(histories.to_arrow(), HISTORY),
         examples=conform(examples.to_arrow(), TRAINING_EXAMPLE),
-        duplicates=new.height - unique.height,
-        duplicates_previous=unique.height - fresh.height,
+        duplicates=duplicates,
+        duplicates_previous=duplicates_previous,
         evicted=int((~merged["_kept"]).sum()),
     )
+
+
+def _fresh_events(events: pa.Table, prev_events: pl.DataFrame) -> tuple[pl.DataFrame, int, int]:
+    """The new events not seen before, sorted, and how many were dropped as duplicates
+    within ``events`` / of ``prev_events``.
+
+    Each intermediate frame is a full copy of the events, so only the result outlives
+    this function: a build holds one copy of the new events instead of three.
+    """
+    new = _frame(events.select(EVENT.schema.names).cast(EVENT.schema)).sort(_SORT)
+    received = new.height
+    unique = new.unique(subset="event_id", keep="first", maintain_order=True)
+    del new
+    distinct = unique.height
+    if prev_events.height:
+        unique = unique.join(prev_events.select("user_id", "event_id"), on=["user_id", "event_id"], how="anti")
+    return unique, received - distinct, distinct - unique.height
+
+
+def _merged(retained: pl.DataFrame, fresh: pl.DataFrame, max_history: int) -> pl.DataFrame:
+    """The touched users' ``retained`` + ``fresh`` events sorted by (user, time, id), with ``_fresh``
+    (new in this build), ``_pos`` / ``_n`` (place and count per user) and ``_kept`` (stays in the snapshot).
+
+    ``fresh`` is already sorted: without retained events it is used as it is, not copied by a sort.
+    """
+    new = fresh.select("user_id", *_EVENT_FIELDS, "device").with_columns(pl.lit(True).alias("_fresh"))
+    if retained.height:
+        old = retained.with_columns(pl.lit(None, pl.Int8).alias("device"), pl.lit(False).alias("_fresh"))
+        new = pl.concat([old, new], how="vertical_relaxed").sort(_SORT)
+    return new.with_columns(
+        pl.int_range(pl.len()).over("user_id").alias("_pos"),
+        pl.len().over("user_id").cast(pl.Int64).alias("_n"),
+    ).with_columns((pl.col("_pos") >= pl.col("_n") - max_history).alias("_kept"))
 
 
 def _watermark(fresh: pl.DataFrame, prev: pl.DataFrame, watermark_ms: int | None) -> int:
@@ -157,9 +178,7 @@ def _watermark(fresh: pl.DataFrame, prev: pl.DataFrame, watermark_ms: int | None
     return max(candidates, default=0)
 
 
-def _rebuilt_rows(
-    merged: pl.DataFrame, prev: pl.DataFrame, touched: pl.DataFrame, fresh: pl.DataFrame, watermark: int
-) -> pl.DataFrame:
+def _rebuilt_rows(merged: pl.DataFrame, prev: pl.DataFrame, touched: pl.DataFrame, watermark: int) -> pl.DataFrame:
     """HISTORY rows of the users that received new events."""
     kept = (
         merged.filter(pl.col("_kept"))
@@ -169,9 +188,9 @@ def _rebuilt_rows(
             pl.col("event_time").max().alias("last_event_time"),
         )
     )
-    new_counts = fresh.group_by("user_id").agg(pl.len().cast(pl.Int64).alias("_new"))
+    new_counts = merged.group_by("user_id").agg(pl.col("_fresh").sum().cast(pl.Int64).alias("_new"))
     users = (
-        kept.join(_evicted_summary(merged.filter(~pl.col("_kept"))), on="user_id", how="left")
+        kept.join(_evicted_summary(merged), on="user_id", how="left")
         .join(_previous_summary(prev).join(touched, on="user_id", how="semi"), on="user_id", how="left")
         .join(new_counts, on="user_id", how="left")
     )
