@@ -6,6 +6,7 @@ Shared by ``tests/features/test_memory.py`` and ``bench/features_memory.py``.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ from pipelines.schemas.layouts import EVENT
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 CHUNK = 1_000_000
 #: impressions, clicks, likes, conversions in these proportions
-TYPES = np.array([0, 0, 0, 0, 1, 2, 7], dtype=np.int8)
+TYPES = np.array([0, 0, 0, 0, 1, 2, 9], dtype=np.int8)
 
 
 def one_user_events(start: int, n: int, user_id: int = 42, seed: int = 0) -> pa.Table:
@@ -66,9 +67,18 @@ print(json.dumps({
 """
 
 
-def build_peak(path: Path, max_history: int = 4096) -> dict:
-    """Build the histories of ``path`` in a fresh child; its peak RSS (``ru_maxrss``, KiB) and counts."""
+def build_peak(path: Path, max_history: int = 4096, threads: int = 2) -> dict:
+    """Build the histories of ``path`` in a fresh child; its peak RSS (``ru_maxrss``, KiB) and counts.
+
+    The child's Polars pool has ``threads`` threads, so the figure does not grow with the cores of
+    the machine that runs it.
+    """
+    env = {**os.environ, "POLARS_MAX_THREADS": str(threads)}
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(path), str(max_history)], check=True, capture_output=True, text=True
+        [sys.executable, "-c", _CHILD, str(path), str(max_history)],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
     )
     return json.loads(done.stdout)
