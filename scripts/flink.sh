@@ -177,8 +177,17 @@ render_config() {
 
 # daemon jobmanager|taskmanager start|stop-all: Flink's own script, in a session of its own
 # (setsid: the daemons outlive make/CI), without our lock on fd 9.
+# Beam's runner classes (the job server jar) go on the daemons' own classpath, after flink-dist's
+# (Flink's scripts append $HADOOP_CLASSPATH last; Flink's classes win), and config.yaml loads
+# classes parent-first: the runner then keeps each TaskManager's SDK worker for the whole
+# job (--environment_cache_millis), which it does only when its classes come from Flink's own
+# classloader; from the job's jar it ends the worker after every stage. FLINK_BEAM_CLASSPATH=0
+# leaves them out (each stage then starts its own SDK worker).
 daemon() {
-    setsid -w "$FLINK_HOME/bin/$1.sh" "$2" 9>&- </dev/null 2>&1 | sed 's/^/flink: /' >&2
+    local extra=""
+    [[ "${FLINK_BEAM_CLASSPATH:-1}" == 0 ]] || extra="$JOBSERVER_JAR"
+    HADOOP_CLASSPATH="${HADOOP_CLASSPATH:-}${extra:+:$extra}" \
+        setsid -w "$FLINK_HOME/bin/$1.sh" "$2" 9>&- </dev/null 2>&1 | sed 's/^/flink: /' >&2
 }
 
 # start_flink: the JobManager and the missing TaskManagers; wait until all slots are registered.

@@ -17,8 +17,10 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pytest
 
+from bench.flink_parts import HarnessCpu
 from pipelines.cli import main
 from pipelines.io.kafka.config import KafkaConnection
+from pipelines.jobservers import REPO
 from pipelines.similarity.artifact import read_id_map, read_manifest, read_vectors
 from tests.fixtures.kafka import MakeTopic, produce
 from tests.precompute.conftest import World
@@ -47,6 +49,16 @@ def test_features_on_flink_equals_local(flink: str, world: World, tmp_path: Path
         assert rows(tmp_path / "flink", kind) == rows(world.features, kind), kind
     assert _summary(tmp_path / "flink") == _summary(world.features)
     assert len(rows(world.features, "histories")) > 100
+
+
+def test_features_on_flink_keeps_one_sdk_worker_per_taskmanager(flink: str, world: World, tmp_path: Path) -> None:
+    """The runner's classes are on the cluster's classpath (scripts/flink.sh), so it keeps each
+    TaskManager's SDK worker for the whole job: every stage of a p=2 job runs in the same 2 worker
+    processes of the cluster's pool, not in a new worker per stage (10 for ``features``)."""
+    pool = (REPO / ".cache" / "flink" / "run" / "worker-pool.pid").read_text().strip()
+    with HarnessCpu(interval_s=0.05) as harness:
+        assert main(["features", "--input", str(world.events), "--output", str(tmp_path / "out"), *ON_FLINK]) == 0
+    assert len([p for p, parent in harness.parents.items() if parent == pool]) == 2, harness.lines()
 
 
 def test_replay_on_flink_equals_local(
