@@ -9,6 +9,7 @@ as sets of rows (file layout and row order are the runner's business).
 from __future__ import annotations
 
 import json
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ from pipelines.jobservers import REPO
 from pipelines.similarity.artifact import read_id_map, read_manifest, read_vectors
 from tests.fixtures.kafka import MakeTopic, produce
 from tests.precompute.conftest import World
-from tests.runners.conftest import FLINK, rows
+from tests.runners.conftest import FLINK, FLINK_MASTER, rows
 from tests.similarity.data import T0_MS, clustered, rep_table, write_representations
 
 pytestmark = pytest.mark.integration
@@ -59,6 +60,15 @@ def test_features_on_flink_keeps_one_sdk_worker_per_taskmanager(flink: str, worl
     with HarnessCpu(interval_s=0.05) as harness:
         assert main(["features", "--input", str(world.events), "--output", str(tmp_path / "out"), *ON_FLINK]) == 0
     assert len([p for p, parent in harness.parents.items() if parent == pool]) == 2, harness.lines()
+
+
+def test_local_cluster_keeps_state_in_rocksdb_with_incremental_checkpoints_under_cache(flink: str) -> None:
+    """``make flink-up``'s cluster (deploy/flink/config.yaml.in), as its REST API reports it."""
+    with urllib.request.urlopen(f"http://{FLINK_MASTER}/jobmanager/config", timeout=10) as answer:
+        conf = {e["key"]: str(e["value"]) for e in json.load(answer)}
+    assert (conf["state.backend.type"], conf["state.backend.incremental"]) == ("rocksdb", "true")
+    for key, leaf in (("state.checkpoints.dir", "checkpoints"), ("state.savepoints.dir", "savepoints")):
+        assert conf[key].startswith("file:///") and conf[key].endswith(f"/.cache/flink/{leaf}"), conf[key]
 
 
 def test_replay_on_flink_equals_local(
