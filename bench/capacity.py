@@ -9,8 +9,10 @@ per wall second: on a shared machine the wall clock counts the neighbours' work 
 - precompute: pairs per CPU-second of the model loop with token-budget batches (torch, 1 thread);
 - replay: events per CPU-second of ``python -m pipelines replay`` (DirectRunner, in this process)
   over a fresh topic on the project's broker holding the same events;
-- solaris, stream: not measured by this bench (each needs a long-running job on Kafka); the
-  file carries the figure the capacity page uses for each and where it comes from;
+- solaris: pairs per CPU-second of ``python -m pipelines solaris`` draining a topic of candidate
+  sets (bench/capacity_solaris.py: two runs of different sizes, so start-up cancels out);
+- stream: not measured by this bench (a long-running job on Kafka); the file carries the figure
+  the capacity page uses and where it comes from;
 - history bytes per user at 256 / 4,096 / 65,536 events (generated events re-keyed so each
   user has exactly that many, built by ``build_histories``, written as HISTORY Parquet);
 - Parquet bytes per event (the generator's events file);
@@ -42,6 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from bench.capacity_solaris import measure_solaris
 from bench.common import ROOT, WORK, generate, result
 
 T = TypeVar("T")
@@ -268,6 +271,7 @@ def main() -> None:
     print(f"replay: {replay}", flush=True)
     precompute = measure_precompute()
     print(f"precompute: {precompute}", flush=True)
+    solaris = measure_solaris() if replay is not None else None  # None: no broker answered
     sizes, qps, resolver = measure_index()
     print(f"index: {sizes} {qps} resolver {resolver}", flush=True)
     out = {
@@ -279,10 +283,8 @@ def main() -> None:
         "1,500 users / 150 requests for precompute, 100,000 x 64 vectors for the index",
         "features_events_per_core": features,
         "precompute_pairs_per_core": precompute,
-        "solaris_pairs_per_core": {
-            **precompute,
-            "how": "NOT MEASURED HERE: the Solaris job runs the same model handler per pair; precompute's figure",
-        },
+        "solaris_pairs_per_core": solaris
+        or {**precompute, "how": "NOT MEASURED HERE (no broker): the same model handler per pair; precompute's figure"},
         **carried(replay),
         "history_bytes_per_user": history_bytes(events),
         "parquet_bytes_per_event": parquet_bytes_per_event(events),
@@ -294,13 +296,13 @@ def main() -> None:
     }
     OUT.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {OUT}")
-    measured = 8 + (replay is not None)  # features, (replay,) precompute, bytes x4, index q/s, resolver
-    not_here = 2 + (replay is None)  # solaris, stream (, replay)
+    measured = 8 + 2 * (replay is not None)  # features, (replay, solaris,) precompute, bytes x4, index q/s, resolver
+    not_here = 1 + 2 * (replay is None)  # stream (, replay, solaris)
     result(
         "capacity",
         measured / (measured + not_here),
         1.0,
-        f"share of the per-unit costs measured by this bench (solaris, stream{'' if replay else ', replay'} "
+        f"share of the per-unit costs measured by this bench (stream{'' if replay else ', replay, solaris'} "
         f"carried from other runs); "
         f"written to {OUT.relative_to(ROOT)} at load {load[0]:.1f}; make capacity renders the page",
     )
