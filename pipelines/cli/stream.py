@@ -140,7 +140,7 @@ def stream_config(args: argparse.Namespace, on_flink: bool) -> StreamConfig:
         torch_threads=args.torch_threads,
         max_future_s=args.max_future,
         broker_timeout_s=args.broker_timeout,
-        state="keyed" if on_flink else "worker",
+        checkpointed=on_flink,
     )
 
 

@@ -37,10 +37,10 @@ class StreamConfig:
     torch_threads: int = 1
     #: Events later than the job's clock plus this become ``future_time`` dead letters.
     max_future_s: float = MAX_FUTURE.seconds
-    #: Where histories live between flushes: ``worker`` (flush files + the worker's memory, for Prism)
-    #: or ``keyed`` (Beam keyed state checkpointed by the runner, offsets committed when a checkpoint
-    #: completes: Flink).
-    state: str = "worker"
+    #: Whether the runner checkpoints the keyed state (Flink): offsets are then committed once a
+    #: checkpoint covering them completes, and a partition's read never ends by itself (the driver
+    #: ends the job). Without (Prism): committed once acknowledged; a quiet committed read ends.
+    checkpointed: bool = False
     #: Metadata of every offset commit: which output the commits belong to
     #: (:func:`pipelines.streaming.ownership.commit_metadata`).
     commit_metadata: str = ""
@@ -78,14 +78,6 @@ class StreamConfig:
         MAX_FUTURE.check(self.max_future_s)
         if self.torch_threads < 1:
             raise ConfigError("--torch-threads", f"got {self.torch_threads}", "pass 1 or more")
-        if self.state not in ("worker", "keyed"):
-            raise ConfigError("state", f"got {self.state!r}", "use 'worker' (Prism) or 'keyed' (Flink)")
-        if self.state == "keyed" and self.model is not None:
-            raise ConfigError(
-                "--model",
-                "the representation refresh runs beside worker state (Prism) only",
-                "drop --model/--store on Flink, or run stream on Prism (the default runner)",
-            )
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError("--device", f"got {self.device!r}", "pass auto, cpu or cuda")
 

@@ -48,20 +48,17 @@ import pyarrow as pa
 from apache_beam.io.restriction_trackers import OffsetRange, OffsetRestrictionTracker
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.transforms.core import RestrictionProvider
-from apache_beam.transforms.timeutil import TimeDomain
-from apache_beam.transforms.userstate import TimerSpec, on_timer
-from apache_beam.transforms.window import GlobalWindow
+from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Duration
 
 from pipelines.features.decode import decode_indexed
 from pipelines.io.kafka.config import KafkaConnection
 from pipelines.io.kafka.consume import PartitionPoller
 from pipelines.io.kafka.outage import LazyClient, broker_watch
-from pipelines.io.shards import split_by_shard
-from pipelines.schemas.layouts import EVENT
-from pipelines.streaming.acks import CommitOffsetsFn, CommitOnCheckpointFn, WriteDeadLettersFn, open_sink
+from pipelines.streaming.acks import CommitOffsetsFn, CommitOnCheckpointFn, WriteDeadLettersFn
 from pipelines.streaming.config import StreamConfig
-from pipelines.streaming.keyed import AppendKeyedHistoriesFn
+from pipelines.streaming.keyed import AppendUserHistoryFn, WalltimeWatermark, WriteHistoriesFn, split_by_user
+from pipelines.streaming.refresh import RefreshFn
 from pipelines.streaming.state import OFFSET, PARTITION
 
 __all__ = ["PartitionStart", "StreamConfig", "build_stream", "start_offsets"]
@@ -70,7 +67,6 @@ log = logging.getLogger(__name__)
 
 ACKS, DEAD = "acks", "dead_letters"
 _END = 2**62
-_EMPTY_EVENTS = pa.schema([*EVENT.schema, pa.field(PARTITION, pa.int32()), pa.field(OFFSET, pa.int64())]).empty_table()
 
 
 @dataclass(frozen=True)
@@ -101,10 +97,9 @@ class _Restrictions(RestrictionProvider):
         return None  # on drain, stop reading
 
 
-# Beam takes state, timers and restrictions as parameter defaults; module-level singletons keep that readable.
-_END_OF_INPUT = TimerSpec("end_of_input", TimeDomain.WATERMARK)
-END_OF_INPUT, KEY = beam.DoFn.TimerParam(_END_OF_INPUT), beam.DoFn.KeyParam
+# Beam takes restrictions and watermark estimators as parameter defaults; module-level singletons keep that readable.
 RESTRICTION = beam.DoFn.RestrictionParam(_Restrictions())
+WATERMARK = beam.DoFn.WatermarkEstimatorParam(WalltimeWatermark())
 
 
 class _ReadPartitionFn(beam.DoFn):
@@ -132,7 +127,7 @@ class _ReadPartitionFn(beam.DoFn):
         self._commits: dict[int, tuple[int, float, float]] = {}  # partition -> (committed, since, checked)
 
     @beam.DoFn.unbounded_per_element()
-    def process(self, element: PartitionStart, tracker: Any = RESTRICTION) -> Iterator[Any]:
+    def process(self, element: PartitionStart, tracker: Any = RESTRICTION, watermark: Any = WATERMARK) -> Iterator[Any]:
         position = tracker.current_restriction().start
         # A bundle's output moves on only when the bundle ends: so end it as soon as one
         # batch is out (or after a short idle wait), and resume from a checkpoint.
@@ -168,7 +163,6 @@ class _ReadPartitionFn(beam.DoFn):
         now = time.monotonic()
         if now - self._last_tick.get(partition, 0.0) >= self._config.flush_interval_s:
             self._last_tick[partition] = now
-            yield from ((shard, _EMPTY_EVENTS) for shard in range(self._config.num_shards))
             yield TaggedOutput(ACKS, (partition, np.zeros(0, np.int64)))
 
     def _idle(self, partition: int, position: int) -> bool:
@@ -177,7 +171,7 @@ class _ReadPartitionFn(beam.DoFn):
         committed (:mod:`pipelines.streaming.drive`), and a partition whose read had ended would
         never be read again, so records arriving after a quiet spell would wait forever."""
         limit = self._config.idle_exit_s
-        if limit is None or self._config.state == "keyed":
+        if limit is None or self._config.checkpointed:
             return False
         if self._watch.down:  # a broker away is no quiet topic
             self._idle_since.pop(partition, None)
@@ -196,7 +190,7 @@ class _ReadPartitionFn(beam.DoFn):
         from pipelines.io.kafka.ranges import PartitionRange
 
         p, now = element.partition, time.monotonic()
-        keyed = self._config.state == "keyed"  # a checkpointing runner loses nothing between stages
+        keyed = self._config.checkpointed  # a checkpointing runner loses nothing between stages
         seen, since, checked = self._commits.get(p, (-1, now, 0.0))
         if now - checked < 1.0:
             return
@@ -233,7 +227,8 @@ class _ReadPartitionFn(beam.DoFn):
         offsets = batch.offsets
         events = events.append_column(PARTITION, pa.array(np.full(events.num_rows, element.partition, np.int32)))
         events = events.append_column(OFFSET, pa.array(offsets[decoded.event_rows]))
-        yield from split_by_shard(events, self._config.num_shards)
+        stamp = time.time()  # per user, stamped now: the user's flush timer is stamp + flush interval
+        yield from (TimestampedValue(kv, stamp) for kv in split_by_user(events))
         if len(decoded.dead_rows):
             yield TaggedOutput(DEAD, (element.partition, offsets[decoded.dead_rows], decoded.result.dead_letters))
         gaps = np.setdiff1d(np.arange(position, after, dtype=np.int64), offsets)
@@ -246,76 +241,6 @@ class _ReadPartitionFn(beam.DoFn):
         self._refetch.close()
 
 
-class _AppendHistoriesFn(beam.DoFn):
-    """Keyed by shard: buffer events; flush them into the histories, then acknowledge their offsets.
-
-    A flush is requested when an element (data, or the reader's periodic empty
-    tick) arrives and the oldest buffered one has waited ``flush_interval_s``,
-    and once more when the input ends (an event-time timer at the end of the
-    global window, which waits for it). It runs on the worker's flush thread;
-    every call emits the acknowledgements of the flushes finished so far (with
-    ``config.refresh``: of the flushes whose representations the worker's
-    :class:`pipelines.streaming.refresh.RefreshQueue` has written).
-    Processing-time timers are not used: on Prism they fire late while a stage
-    keeps receiving bundles. The buffer is not bag state either: Prism ran
-    overlapping bundles of one key that lost appends (see ``PendingEvents``).
-    """
-
-    def __init__(self, connection: KafkaConnection, config: StreamConfig) -> None:
-        self._connection, self._config = connection, config
-
-    def setup(self) -> None:
-        from pipelines.streaming.flush import Coalescer, flush_shards, shared_worker
-        from pipelines.streaming.refresh import RefreshProcess, RefreshQueue
-        from pipelines.streaming.state import PENDING
-
-        config = self._config
-        output = config.output
-
-        def make() -> tuple[Coalescer[tuple[int, np.ndarray]], RefreshQueue | None]:
-            sink = open_sink(self._connection, config.histories_topic)
-            refresh = RefreshQueue(RefreshProcess(config)) if config.refresh else None
-
-            def flush(shards: list[int]) -> list[tuple[int, np.ndarray]]:
-                started = time.perf_counter()
-                done = flush_shards(
-                    output,
-                    {s: PENDING.take((output, s)) for s in shards},
-                    num_shards=config.num_shards,
-                    max_history=config.max_history,
-                    sink=sink,
-                )
-                _record_flush(time.perf_counter() - started, done.histories)
-                if refresh is None:
-                    return done.acks
-                refresh.submit(done)  # acknowledged once its representations are written
-                return []
-
-            return Coalescer(flush, "flush"), refresh
-
-        self._flusher, self._refresh = shared_worker(output, make)
-
-    def process(self, element: tuple[int, pa.Table], end: Any = END_OF_INPUT) -> Iterator[tuple[int, np.ndarray]]:
-        from pipelines.streaming.state import PENDING
-
-        shard, table = element
-        key, now = (self._config.output, shard), time.monotonic()
-        if table.num_rows and PENDING.add(key, table, now):
-            end.set(GlobalWindow().max_timestamp())
-        if PENDING.due(key, now, self._config.flush_interval_s):
-            self._flusher.request(shard)
-        yield from self._flusher.finished()
-        if self._refresh is not None:
-            yield from self._refresh.finished()
-
-    @on_timer(_END_OF_INPUT)
-    def on_end(self, shard: Any = KEY) -> Iterator[tuple[int, np.ndarray]]:
-        self._flusher.request(shard)
-        yield from self._flusher.wait()
-        if self._refresh is not None:
-            yield from self._refresh.wait()
-
-
 def _record_read(events: int, dead_letters: pa.Table) -> None:
     from pipelines.streaming.metrics import shared_metrics
 
@@ -324,19 +249,6 @@ def _record_read(events: int, dead_letters: pa.Table) -> None:
     if dead_letters.num_rows:
         for reason, n in Counter(dead_letters.column("reason").to_pylist()).items():
             metrics.dead(reason, n)
-
-
-def _record_flush(seconds: float, histories: pa.Table) -> None:
-    from pipelines.streaming.metrics import shared_metrics
-    from pipelines.streaming.state import PENDING, SHARD_STATES
-
-    metrics = shared_metrics("stream")
-    metrics.step("flush", seconds)
-    if histories.num_rows:  # each touched user's newest event: event time -> history on disk
-        newest = histories.column("last_event_time").cast(pa.int64()).to_numpy()
-        metrics.fresh("event_to_history", time.time() - newest / 1000.0)
-    metrics.depth("buffered_events", PENDING.rows())
-    metrics.state_users.labels("stream").set(SHARD_STATES.users())
 
 
 def build_stream(
@@ -351,13 +263,18 @@ def build_stream(
         .with_output_types(tuple[int, pa.Table])
         .with_outputs(ACKS, DEAD, main="events")
     )
-    keyed = config.state == "keyed"
-    append = AppendKeyedHistoriesFn(connection, config) if keyed else _AppendHistoriesFn(connection, config)
-    flushed = read["events"] | "AppendHistories" >> beam.ParDo(append)
+    flushed = (
+        read["events"]
+        | "AppendHistories" >> beam.ParDo(AppendUserHistoryFn(config))
+        | "WriteHistories" >> beam.ParDo(WriteHistoriesFn(connection, config))
+    )
+    if config.refresh:
+        flushed = flushed | "Refresh" >> beam.ParDo(RefreshFn(config))
+    acks = flushed | "FlushedAcks" >> beam.FlatMap(lambda done: done[1])
     written = read[DEAD] | "WriteDeadLetters" >> beam.ParDo(WriteDeadLettersFn(connection, config))
-    commit = CommitOnCheckpointFn if keyed else CommitOffsetsFn
+    commit = CommitOnCheckpointFn if config.checkpointed else CommitOffsetsFn
     _ = (
-        (flushed, written, read[ACKS])
+        (acks, written, read[ACKS])
         | "AllAcks" >> beam.Flatten()
         | "CommitOffsets" >> beam.ParDo(commit(connection, config, {s.partition: s.start for s in starts}))
     )

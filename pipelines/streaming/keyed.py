@@ -1,33 +1,44 @@
-"""Histories in Beam keyed state with timers: the streaming job's state on a cluster runner (Flink).
+"""Per-user histories in Beam keyed state with event-time timers: the streaming job's state on Flink.
 
-:class:`AppendKeyedHistoriesFn` is keyed by user shard, like the worker-state
-``AppendHistories`` of :mod:`pipelines.streaming.job`, but holds nothing in the
-worker: the shard's events wait in ``BagState``, the shard's current histories
-live in ``ReadModifyWriteState`` (Arrow IPC bytes). The first element (data, or
-the reader's periodic empty tick) that finds the oldest buffered event
-``flush_interval_s`` old flushes the shard (an event-time timer at the end of
-the global window flushes what is left when the input ends). Processing-time
-timers are not used: the Flink 2.62 portable operator waits for pending ones
-when its input ends, forever (its ``flushData``), until Flink's 180 s
-cancellation watchdog kills the TaskManager. A flush merges the buffer into the
-histories, writes the changed rows as a flush file (atomically; once the flush
-files since the last ``full-`` file hold ``COMPACT_RATIO`` times the shard's rows,
-the whole shard as a ``full-`` file), publishes them when asked, and emits the flushed
-offsets as acknowledgements.
+The reader (:mod:`pipelines.streaming.job`) emits each polled batch cut into one
+EVENT table per user (key = ``user_id``), stamped with the wall clock, and its
+watermark follows the wall clock (a :class:`WalltimeWatermarkEstimator` on the
+splittable DoFn). :class:`AppendUserHistoryFn` holds, per user:
+
+- ``history``: the user's capped HISTORY row (Arrow IPC, one row);
+- ``buffer``: the user's events since the last flush (bag state);
+- an **event-time** timer at the first buffered event's stamp + ``flush_interval_s``.
+
+When the watermark passes the timer (or the input ends), the buffer is merged
+into the history with the same pure merge as the batch job
+(:func:`pipelines.streaming.state.merge_shard`: late events go to their place by
+event time, duplicates by event_id are dropped, the history is capped), the state
+is written and the changed row goes on with its (partition, offsets).
+:class:`WriteHistoriesFn` batches the changed rows of a bundle into one flush
+file per shard (the layout ``inspect``, ``features --previous`` and
+:func:`pipelines.streaming.state.latest_histories` read) and the optional
+histories topic, and only then emits the acknowledgements. So a flush costs the
+users its events touched, not the users the state holds.
+
+Processing-time timers are not used: the Flink 2.62 portable operator waits for
+pending ones when its input ends, forever (its ``flushData``), until Flink's 180 s
+cancellation watchdog kills the TaskManager.
 
 The runner checkpoints this state (Flink: ``--checkpointing_interval`` and its
-state backend) together with the readers' positions, so a restart from a
-checkpoint resumes both consistently, on any TaskManager. Flush files written
-after that checkpoint are written again as the events are read again: the
-merge is deterministic, a later file carries the same or a newer row per user,
-and :func:`pipelines.streaming.state.latest_histories` takes the newest. A job
-started afresh (no checkpoint to restore) loads each shard's histories from its
-flush files on the shard's first flush, so the files stay the durable output.
+state backend, RocksDB incremental on the local cluster) with the readers'
+positions, so a restart from a checkpoint resumes both consistently. A user first
+seen by a job started afresh (no checkpoint) gets its earlier history from the
+flush files through :class:`FirstSight`: a per-worker cache of at most
+``FIRST_SIGHT_SHARDS`` shards, each loaded once (the newest row per user). It is
+consulted only when the user's keyed state is empty, so its staleness never
+matters: every row this job wrote since belongs to a user that now has state.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,76 +46,130 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 from apache_beam.coders import VarIntCoder
+from apache_beam.io.watermark_estimators import WalltimeWatermarkEstimator
+from apache_beam.transforms.core import WatermarkEstimatorProvider
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
 from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.timestamp import Duration, Timestamp
+from apache_beam.utils.windowed_value import WindowedValue
 
 from pipelines.io.arrow_coder import ArrowTableCoder
 from pipelines.io.kafka.config import KafkaConnection
+from pipelines.io.shards import split_by_shard
+from pipelines.schemas.layouts import HISTORY
 from pipelines.streaming.acks import open_sink
 from pipelines.streaming.config import StreamConfig
 from pipelines.streaming.state import (
-    COMPACT_RATIO,
     OFFSET,
     PARTITION,
+    ShardHistories,
     flush_path,
     latest_histories,
     merge_shard,
     write_flush,
 )
 
-__all__ = ["AppendKeyedHistoriesFn"]
+__all__ = ["AppendUserHistoryFn", "FirstSight", "WalltimeWatermark", "WriteHistoriesFn", "split_by_user"]
+
+#: Shards a worker keeps loaded to answer "what did the flush files hold for this new user".
+FIRST_SIGHT_SHARDS = 64
 
 # Beam takes state and timers as parameter defaults; module-level specs keep that readable.
 _TABLES = ArrowTableCoder(compress_from_bytes=None)
 _BUFFER = BagStateSpec("buffer", _TABLES)
-_HISTORIES = ReadModifyWriteStateSpec("histories", _TABLES)
-_FILES = ReadModifyWriteStateSpec("rows_since_full", VarIntCoder())
+_HISTORY = ReadModifyWriteStateSpec("history", _TABLES)
 _DUE = ReadModifyWriteStateSpec("flush_due", VarIntCoder())
-_END = TimerSpec("end_of_input", TimeDomain.WATERMARK)
-BUFFER, HISTORIES = beam.DoFn.StateParam(_BUFFER), beam.DoFn.StateParam(_HISTORIES)
-FILES, DUE = beam.DoFn.StateParam(_FILES), beam.DoFn.StateParam(_DUE)
-END, KEY = beam.DoFn.TimerParam(_END), beam.DoFn.KeyParam
+_FLUSH = TimerSpec("flush", TimeDomain.WATERMARK)
+BUFFER, HISTORY_STATE = beam.DoFn.StateParam(_BUFFER), beam.DoFn.StateParam(_HISTORY)
+DUE, FLUSH, KEY = beam.DoFn.StateParam(_DUE), beam.DoFn.TimerParam(_FLUSH), beam.DoFn.KeyParam
+
+#: (a user's changed HISTORY row, its flushed (partition, offsets)).
+Flushed = tuple[pa.Table, list[tuple[int, np.ndarray]]]
 
 
-class AppendKeyedHistoriesFn(beam.DoFn):
-    """Keyed by shard: buffer events in bag state; once due, merge them into the shard's histories
-    (value state), write the changed rows, then acknowledge their offsets."""
+class WalltimeWatermark(WatermarkEstimatorProvider):
+    """The reader's watermark: the wall clock, so event-time timers at stamp + interval fire."""
 
-    def __init__(self, connection: KafkaConnection, config: StreamConfig) -> None:
-        self._connection, self._config = connection, config
+    def initial_estimator_state(self, element: Any, restriction: Any) -> None:
+        return None
 
-    def setup(self) -> None:
-        self._sink = open_sink(self._connection, self._config.histories_topic)
+    def create_watermark_estimator(self, estimator_state: Any) -> WalltimeWatermarkEstimator:
+        return WalltimeWatermarkEstimator(estimator_state)
+
+
+def split_by_user(table: pa.Table) -> list[tuple[int, pa.Table]]:
+    """``table`` (with ``user_id``) cut into one sub-table per user (zero-copy slices of one sort)."""
+    if table.num_rows == 0:
+        return []
+    users = table.column("user_id").to_numpy()
+    order = np.argsort(users, kind="stable")
+    ordered = users[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    ends = np.r_[starts[1:], len(order)]
+    taken = table.take(pa.array(order))
+    return [(int(ordered[s]), taken.slice(s, e - s)) for s, e in zip(starts, ends, strict=True)]
+
+
+class FirstSight:
+    """Each user's row in the flush files, for users a fresh job meets for the first time.
+
+    A bounded LRU of whole shards (``max_shards``), each read once per worker: the flush
+    files are sorted by time, not by user, so a per-user read would open every file of the
+    shard anyway; loading the shard once makes each later first sight a dictionary lookup.
+    """
+
+    def __init__(self, max_shards: int = FIRST_SIGHT_SHARDS) -> None:
+        self._max = max_shards
+        self._shards: OrderedDict[tuple[str, int], ShardHistories] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def row_of(self, output: str, shard: int, user: int) -> pa.Table:
+        key = (output, shard)
+        with self._lock:
+            loaded = self._shards.get(key)
+            if loaded is None:
+                loaded = ShardHistories()
+                loaded.add(latest_histories(output, shard))
+                self._shards[key] = loaded
+                while len(self._shards) > self._max:
+                    self._shards.popitem(last=False)
+            self._shards.move_to_end(key)
+            return loaded.rows_of([user])
+
+
+_FIRST_SIGHT = FirstSight()
+
+
+class AppendUserHistoryFn(beam.DoFn):
+    """Keyed by user: buffer the user's events; at the event-time timer merge them into the
+    user's history (keyed state) and emit the changed row with the flushed offsets."""
+
+    def __init__(self, config: StreamConfig) -> None:
+        self._config = config
 
     def process(
         self,
         element: tuple[int, pa.Table],
+        stamp: Any = beam.DoFn.TimestampParam,
         buffer: Any = BUFFER,
-        histories: Any = HISTORIES,
-        files: Any = FILES,
         due: Any = DUE,
-        end: Any = END,
-    ) -> Iterator[tuple[int, np.ndarray]]:
-        shard, table = element
-        now_ms = int(time.time() * 1000)
-        flush_at = due.read()
-        if table.num_rows:
-            buffer.add(table)
-            if flush_at is None:
-                flush_at = now_ms + int(self._config.flush_interval_s * 1000)
-                due.write(flush_at)
-                end.set(GlobalWindow().max_timestamp())
-        if flush_at is not None and now_ms >= flush_at:
-            yield from self._flush(shard, buffer, histories, files, due)
+        flush: Any = FLUSH,
+    ) -> Iterator[Flushed]:
+        _, table = element
+        if not table.num_rows:
+            return
+        buffer.add(table)
+        if due.read() is None:
+            due.write(1)
+            flush.set(Timestamp.of(stamp) + Duration.of(self._config.flush_interval_s))
+        return
+        yield  # a generator: output comes from the timer
 
-    @on_timer(_END)
-    def on_end(
-        self, shard: Any = KEY, buffer: Any = BUFFER, histories: Any = HISTORIES, files: Any = FILES, due: Any = DUE
-    ) -> Iterator[tuple[int, np.ndarray]]:
-        yield from self._flush(shard, buffer, histories, files, due)
-
-    def _flush(self, shard: int, buffer: Any, histories: Any, files: Any, due: Any) -> Iterator[tuple[int, np.ndarray]]:
+    @on_timer(_FLUSH)
+    def on_flush(
+        self, user: Any = KEY, buffer: Any = BUFFER, history: Any = HISTORY_STATE, due: Any = DUE
+    ) -> Iterator[Flushed]:
         tables = [t for t in buffer.read() if t.num_rows]
         buffer.clear()
         due.clear()
@@ -112,28 +177,70 @@ class AppendKeyedHistoriesFn(beam.DoFn):
             return
         started = time.perf_counter()
         events = pa.concat_tables(tables)
-        state = histories.read()
-        if state is None:  # a fresh job: the shard's flush files are its state so far
-            state = latest_histories(self._config.output, shard)
-        merged = merge_shard(events, state, max_history=self._config.max_history)
-        since_full = (files.read() or 0) + merged.changed.num_rows  # rows in flush files since the last full one
-        full = since_full > COMPACT_RATIO * merged.state.num_rows
-        write_flush(merged.state if full else merged.changed, flush_path(self._config.output, shard, full=full))
-        histories.write(merged.state)
-        files.write(0 if full else since_full)
-        if self._sink is not None:
-            from pipelines.io.kafka.encode import histories_to_json
-
-            self._sink.send_many(histories_to_json(merged.changed))
-            self._sink.flush()
+        previous = history.read()
+        if previous is None:  # first sight (a fresh job): the flush files hold its history so far
+            previous = _FIRST_SIGHT.row_of(self._config.output, _shard_of(events, self._config.num_shards), user)
+            _record_new_user()
+        merged = merge_shard(events, previous, max_history=self._config.max_history)
+        history.write(merged.state)
         _record_flush(time.perf_counter() - started, merged.changed)
         partitions, offsets = events.column(PARTITION).to_numpy(), events.column(OFFSET).to_numpy()
-        for p in np.unique(partitions):
-            yield int(p), offsets[partitions == p]
+        yield merged.changed, [(int(p), offsets[partitions == p]) for p in np.unique(partitions)]
+
+
+def _shard_of(events: pa.Table, num_shards: int) -> int:
+    return split_by_shard(events.slice(0, 1), num_shards)[0][0]
+
+
+class WriteHistoriesFn(beam.DoFn):
+    """Per bundle: the changed rows as one flush file per shard (and the histories topic), then
+    (the changed rows, their acknowledgements): nothing is acknowledged before its rows are durable."""
+
+    def __init__(self, connection: KafkaConnection, config: StreamConfig) -> None:
+        self._connection, self._config = connection, config
+
+    def setup(self) -> None:
+        self._sink = open_sink(self._connection, self._config.histories_topic)
+
+    def start_bundle(self) -> None:
+        self._rows: list[pa.Table] = []
+        self._acks: dict[int, list[np.ndarray]] = {}
+        self._stamp = Timestamp.of(0)
+
+    def process(self, element: Flushed, stamp: Any = beam.DoFn.TimestampParam) -> None:
+        rows, acks = element
+        self._rows.append(rows)
+        for p, offsets in acks:
+            self._acks.setdefault(p, []).append(offsets)
+        self._stamp = max(self._stamp, Timestamp.of(stamp))
+
+    def finish_bundle(self) -> Iterator[WindowedValue]:  # of Flushed
+        if not self._acks:
+            return
+        changed = pa.concat_tables([r.select(HISTORY.schema.names) for r in self._rows if r.num_rows] or [_EMPTY])
+        for shard, rows in split_by_shard(changed, self._config.num_shards):
+            write_flush(rows, flush_path(self._config.output, shard))
+        if self._sink is not None and changed.num_rows:
+            from pipelines.io.kafka.encode import histories_to_json
+
+            self._sink.send_many(histories_to_json(changed))
+            self._sink.flush()
+        acks = [(p, np.concatenate(parts)) for p, parts in sorted(self._acks.items())]
+        yield WindowedValue((changed, acks), self._stamp, (GlobalWindow(),))
 
     def teardown(self) -> None:
         if self._sink is not None:
             self._sink.close()
+
+
+_EMPTY = HISTORY.schema.empty_table()
+
+
+def _record_new_user() -> None:
+    from pipelines.streaming.metrics import shared_metrics
+
+    metrics = shared_metrics("stream")
+    metrics.state_users.labels("stream").inc()  # users whose state this worker process created
 
 
 def _record_flush(seconds: float, changed: pa.Table) -> None:

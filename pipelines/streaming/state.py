@@ -1,16 +1,18 @@
 """Pure parts of streaming histories: offset ledgers, per-shard merges, flush files.
 
-No Beam here. The streaming job (:mod:`pipelines.streaming.job`) keeps, per
-user shard, the shard's current histories; every flush merges the buffered
-events into them with :func:`pipelines.features.histories.build_histories`
-(late events land in their place: histories are ordered by event time),
-writes the changed rows as one Parquet *flush file* (atomically: a killed job
-never leaves half a file), and only then reports the flushed offsets to the
-:class:`OffsetLedger` that decides what may be committed to Kafka.
+No Beam here. The streaming job (:mod:`pipelines.streaming.job`) keeps each user's
+history in Beam keyed state (:mod:`pipelines.streaming.keyed`); every flush
+merges the user's buffered events into it with :func:`merge_shard`
+(:func:`pipelines.features.histories.build_histories`: late events land in
+their place, histories are ordered by event time), the changed rows of a
+bundle are written as one Parquet *flush file* per shard (atomically: a killed
+job never leaves half a file), and only then are the flushed offsets reported
+to the :class:`OffsetLedger` that decides what may be committed to Kafka.
 
-On restart, :func:`latest_histories` rebuilds a shard's state from its flush
-files (the newest row of each user); events after the committed offsets are
-read again, and the merge drops those already in a history (same event_id).
+:func:`latest_histories` reads a shard's histories back from its flush files
+(the newest row of each user; a ``full-`` file, written by earlier versions,
+starts a shard's state); events after the committed offsets are read again,
+and the merge drops those already in a history (same event_id).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,15 +34,12 @@ import pyarrow.parquet as pq
 
 from pipelines.features.histories import build_histories
 from pipelines.io.parquet import conform, read_table
-from pipelines.io.shards import SHARD_DIR, SHARD_GLOB, shard_dir, shard_path
+from pipelines.io.shards import SHARD_DIR, SHARD_GLOB, shard_path
 from pipelines.io.snapshot import HISTORIES
 from pipelines.schemas.layouts import EVENT, HISTORY
 
 __all__ = [
-    "PENDING",
-    "SHARD_STATES",
     "OffsetLedger",
-    "PendingEvents",
     "ShardHistories",
     "ShardMerge",
     "ShardStates",
@@ -50,15 +49,10 @@ __all__ = [
     "merge_shard",
     "newest_rows",
     "path_lock",
-    "shard_lock",
     "write_flush",
 ]
 
-#: A flush writes the whole shard (a ``full-`` file) once the flush files since the last full one
-#: hold this many times the shard's live rows, or number :data:`MAX_FLUSH_FILES`: reading a
-#: shard back costs at most about (1 + this) times its state, and writing full files costs a
-#: constant factor per changed row (not a whole shard every few flushes).
-COMPACT_RATIO = 2
+#: :class:`ShardHistories` compacts its chunks once it holds this many.
 MAX_FLUSH_FILES = 256
 
 #: Columns the stream adds to EVENT tables so that flushed events can be acknowledged.
@@ -166,16 +160,6 @@ def path_lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def shard_lock(output: str, shard: int) -> AbstractContextManager[None]:
-    """Serialise flushes of one shard (see :func:`path_lock`).
-
-    A runner may run two bundles of the same key at once (Prism does under steady
-    load); with the shard's files as the truth and this lock, each flush sees every
-    earlier one.
-    """
-    return path_lock(Path(shard_dir(output, HISTORIES, shard)))
-
-
 class ShardHistories:
     """One shard's histories as append-only HISTORY chunks; each user's current row is its newest.
 
@@ -271,12 +255,6 @@ class ShardStates:
         histories = self.open(output, shard)
         return histories.table(), len(self._seen[(output, shard)].files)
 
-    def needs_full(self, output: str, shard: int) -> bool:
-        """Whether the shard's next flush should write a ``full-`` file (see :data:`COMPACT_RATIO`)."""
-        loaded = self._seen.get((output, shard), _Loaded())
-        since_full = sum(loaded.rows[1:] if loaded.files and loaded.files[0].name.startswith("full-") else loaded.rows)
-        return len(loaded.files) >= MAX_FLUSH_FILES or since_full > COMPACT_RATIO * max(loaded.histories.num_users, 1)
-
     def users(self) -> int:
         """Users held in memory over every shard (the streaming job's state size)."""
         return sum(loaded.histories.num_users for loaded in self._seen.values())
@@ -288,56 +266,6 @@ class ShardStates:
         self._seen[(output, shard)] = _Loaded(
             (*loaded.files, Path(path)), (*loaded.rows, rows.num_rows), loaded.histories
         )
-
-
-class PendingEvents:
-    """Event tables waiting for their shard's next flush, in this worker process's memory.
-
-    Keys are ``(output, shard)``; a lock makes ``add`` and ``take`` safe from
-    concurrent bundles. The buffer is not Beam bag state because Prism can run two
-    bundles of one key at once and lose appends between them (the lost events then
-    wait for the 15 s redelivery). Nothing buffered is
-    acknowledged before its flush is durable, so what a dead worker held is read
-    again from the committed offsets.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._tables: dict[tuple[str, int], list[pa.Table]] = {}
-        self._since: dict[tuple[str, int], float] = {}
-
-    def add(self, key: tuple[str, int], table: pa.Table, now: float) -> bool:
-        """Buffer ``table``; True when the key's buffer was empty before."""
-        with self._lock:
-            tables = self._tables.setdefault(key, [])
-            tables.append(table)
-            if len(tables) > 1:
-                return False
-            self._since[key] = now
-            return True
-
-    def due(self, key: tuple[str, int], now: float, after_s: float) -> bool:
-        """True when the oldest table buffered for ``key`` has waited ``after_s``."""
-        with self._lock:
-            since = self._since.get(key)
-            return since is not None and now - since >= after_s
-
-    def rows(self) -> int:
-        """Events buffered over every key."""
-        with self._lock:
-            return sum(t.num_rows for tables in self._tables.values() for t in tables)
-
-    def take(self, key: tuple[str, int]) -> list[pa.Table]:
-        """Everything buffered for ``key`` (and the key is empty again)."""
-        with self._lock:
-            self._since.pop(key, None)
-            return self._tables.pop(key, [])
-
-
-#: The streaming job's cache (one per worker process; DoFn instances share it under the shard lock).
-SHARD_STATES = ShardStates()
-#: The streaming job's flush buffers (one per worker process).
-PENDING = PendingEvents()
 
 
 def write_flush(table: pa.Table, path: str) -> str:

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from pipelines.cli import main
-from pipelines.errors import ConfigError
 from pipelines.streaming.config import StreamConfig
 
 
@@ -38,9 +37,6 @@ def test_a_misused_runner_stops_the_command_naming_the_fix(
     assert not (tmp_path / "out").exists()
 
 
-def test_keyed_state_refuses_the_representation_refresh() -> None:
-    with pytest.raises(ConfigError, match="--model"):
-        StreamConfig(topic="t", output="o", group="g", state="keyed", model="m", store="lmdb:///tmp/s")
-    with pytest.raises(ConfigError, match="'worker' \\(Prism\\) or 'keyed' \\(Flink\\)"):
-        StreamConfig(topic="t", output="o", group="g", state="files")
-    assert StreamConfig(topic="t", output="o", group="g", state="keyed").state == "keyed"
+def test_checkpointed_state_allows_the_representation_refresh() -> None:
+    config = StreamConfig(topic="t", output="o", group="g", checkpointed=True, model="m", store="lmdb:///tmp/s")
+    assert config.checkpointed and config.refresh

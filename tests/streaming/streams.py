@@ -47,6 +47,27 @@ def generate(tmp_path: Path, users: int, seed: int, *extra: str) -> list[bytes]:
     return [raw for raw in events.read_bytes().splitlines() if raw.strip()]
 
 
+def skewed(lines: list[bytes], hot_user: int = 999_999, share: int = 10) -> list[bytes]:
+    """``lines`` with every ``share``-th valid event moved to ``hot_user`` (one user with 1/share of
+    the events: a Zipf-like head); malformed lines stay as they are."""
+    import json
+
+    out, valid = [], 0
+    for raw in lines:
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            out.append(raw)
+            continue
+        if isinstance(obj, dict) and "user_id" in obj:
+            if valid % share == 0:
+                obj["user_id"] = hot_user
+                raw = json.dumps(obj, separators=(",", ":")).encode()
+            valid += 1
+        out.append(raw)
+    return out
+
+
 def keyed(lines: list[bytes]) -> list[bytes | None]:
     from pipelines.io.kafka.produce import _key_of
 

@@ -13,31 +13,31 @@ from pipelines.streaming.config import StreamConfig
 from pipelines.streaming.job import _ReadPartitionFn
 
 
-def _reader(state: str, committed: int) -> _ReadPartitionFn:
-    config = StreamConfig(topic="t", output="o", group="g", idle_exit_s=0.05, state=state)
+def _reader(checkpointed: bool, committed: int) -> _ReadPartitionFn:
+    config = StreamConfig(topic="t", output="o", group="g", idle_exit_s=0.05, checkpointed=checkpointed)
     reader = _ReadPartitionFn(KafkaConnection(), config)
     reader._idle_since, reader._commits = {}, {0: (committed, 0.0, 0.0)}  # what setup() and polls keep
     reader._watch = BrokerWatch("127.0.0.1:1", limit_s=60)
     return reader
 
 
-@pytest.mark.parametrize(("state", "ends"), [("worker", True), ("keyed", False)])
-def test_a_quiet_committed_partition_ends_its_read_on_prism_only(state: str, ends: bool) -> None:
-    reader = _reader(state, committed=10)
+@pytest.mark.parametrize(("checkpointed", "ends"), [(False, True), (True, False)])
+def test_a_quiet_committed_partition_ends_its_read_on_prism_only(checkpointed: bool, ends: bool) -> None:
+    reader = _reader(checkpointed, committed=10)
     assert not reader._idle(0, 10)  # quiet from now
     time.sleep(0.1)
     assert reader._idle(0, 10) is ends
 
 
 def test_a_partition_with_uncommitted_reads_never_ends_its_read() -> None:
-    reader = _reader("worker", committed=7)
+    reader = _reader(False, committed=7)
     reader._idle(0, 10)
     time.sleep(0.1)
     assert not reader._idle(0, 10)
 
 
 def test_a_broker_away_is_no_quiet_topic() -> None:
-    reader = _reader("worker", committed=10)
+    reader = _reader(False, committed=10)
     reader._idle(0, 10)
     reader._watch.failed(ConnectionRefusedError("broker away"))
     time.sleep(0.1)

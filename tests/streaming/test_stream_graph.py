@@ -15,9 +15,9 @@ from pipelines.streaming.config import StreamConfig
 from pipelines.streaming.job import PartitionStart, build_stream
 
 
-def _finalizing_steps(state: str) -> list[str]:
+def _finalizing_steps(checkpointed: bool) -> list[str]:
     p = beam.Pipeline()
-    config = StreamConfig(topic="t", output="/nonexistent/out", group="g", state=state)
+    config = StreamConfig(topic="t", output="/nonexistent/out", group="g", checkpointed=checkpointed)
     build_stream(p, KafkaConnection(bootstrap_servers=("127.0.0.1:1",)), config, [PartitionStart("t", 0, 0)])
     found = []
     for transform in p.to_runner_api().components.transforms.values():
@@ -27,6 +27,6 @@ def _finalizing_steps(state: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize(("state", "expected"), [("worker", []), ("keyed", ["CommitOffsets"])])
-def test_only_commits_on_checkpoints_ask_for_bundle_finalization(state: str, expected: list[str]) -> None:
-    assert _finalizing_steps(state) == expected
+@pytest.mark.parametrize(("checkpointed", "expected"), [(False, []), (True, ["CommitOffsets"])])
+def test_only_commits_on_checkpoints_ask_for_bundle_finalization(checkpointed: bool, expected: list[str]) -> None:
+    assert _finalizing_steps(checkpointed) == expected

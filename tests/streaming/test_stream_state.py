@@ -14,7 +14,6 @@ from pipelines.features.histories import build_histories
 from pipelines.schemas.layouts import HISTORY
 from pipelines.streaming.state import (
     OffsetLedger,
-    PendingEvents,
     ShardHistories,
     ShardStates,
     flush_path,
@@ -149,51 +148,17 @@ def test_shard_histories_hold_each_users_newest_row_through_compactions(seed: in
     assert histories.rows_of([]).num_rows == 0
 
 
-def test_a_full_file_is_due_once_flush_files_outgrow_the_state(tmp_path: Path) -> None:
-    out, rng, states = str(tmp_path), np.random.default_rng(5), ShardStates()
-    state, clock = None, iter(range(1, 1000))
-    flushes = 0
-    while not states.needs_full(out, 0):
-        merged = merge_shard(_events(rng, 4, f"x{flushes}-"), state, max_history=20)
-        path = write_flush(merged.changed, flush_path(out, 0, next(clock)))
-        states.wrote(out, 0, path, merged.changed, full=False)
-        state, flushes = merged.state, flushes + 1
-    assert 1 < flushes < 50  # the flush files hold more than twice the shard's rows (6 users) by now
-    path = write_flush(state, flush_path(out, 0, next(clock), full=True))
-    states.wrote(out, 0, path, state, full=True)
-    assert not states.needs_full(out, 0)
-    loaded, files = ShardStates().load(out, 0)  # a restart reads the full file only
-    assert files == 1 and loaded.equals(state)
-
-
-def test_pending_events_are_due_once_the_oldest_has_waited() -> None:
-    rng = np.random.default_rng(4)
-    pending, key, other = PendingEvents(), ("out", 0), ("out", 1)
-    a, b, c = (_events(rng, 3, p) for p in "abc")
-    assert not pending.due(key, now=10.0, after_s=0.0)  # nothing buffered
-    assert pending.add(key, a, now=10.0)  # the first table arms the key
-    assert not pending.add(key, b, now=10.2)
-    assert pending.add(other, c, now=10.2)
-    assert not pending.due(key, now=10.2, after_s=0.25)  # the oldest waited 0.2 s
-    assert pending.due(key, now=10.3, after_s=0.25)
-    assert pending.take(key) == [a, b]
-    assert not pending.due(key, now=99.0, after_s=0.25)  # empty, and disarmed
-    assert pending.take(key) == []
-    assert pending.add(key, a, now=11.0)
-    assert pending.take(other) == [c]
-
-
 def test_path_lock_serialises_threads(tmp_path: Path) -> None:
     import threading
     import time
 
-    from pipelines.streaming.state import shard_lock
+    from pipelines.streaming.state import path_lock
 
     inside, overlaps = [0], [0]
 
     def work() -> None:
         for _ in range(20):
-            with shard_lock(str(tmp_path), 1):
+            with path_lock(tmp_path / "shard"):
                 inside[0] += 1
                 overlaps[0] = max(overlaps[0], inside[0])
                 time.sleep(0.001)

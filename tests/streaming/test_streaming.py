@@ -25,6 +25,7 @@ from tests.streaming.streams import (
     keyed,
     replay,
     same_histories,
+    skewed,
     stream_cmd,
     trickle,
     wait_for_a_commit,
@@ -50,6 +51,20 @@ def test_streaming_equals_replay_and_commits_everything(
     same_histories(latest_histories(str(out)), replay(topic, batch_out))
     batch_dead = sorted(pq.read_table(batch_out / "dead_letters" / "part-00000.parquet").column("source").to_pylist())
     assert _dead_sources(out) == batch_dead and batch_dead
+    assert sum(c or 0 for c in committed(kafka, topic, group, 3)) == len(lines)
+
+
+def test_a_skewed_topic_with_one_user_holding_a_tenth_of_the_events_equals_replay(
+    kafka: KafkaConnection, make_topic: MakeTopic, tmp_path: Path, prism: str
+) -> None:
+    lines = skewed(generate(tmp_path, 80, seed=23))
+    topic, group = make_topic(3), f"g-{uuid.uuid4().hex[:8]}"
+    produce(kafka, topic, lines, keys=keyed(lines))
+    out = tmp_path / "stream"
+    _stream_to_idle(topic, group, out)
+    streamed = latest_histories(str(out))
+    assert 999_999 in streamed.column("user_id").to_pylist()
+    same_histories(streamed, replay(topic, tmp_path / "batch"))
     assert sum(c or 0 for c in committed(kafka, topic, group, 3)) == len(lines)
 
 

@@ -1,0 +1,34 @@
+"""The per-user keyed step's pure parts: cutting a batch by user, and the first-sight cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from pipelines.streaming.keyed import FirstSight, split_by_user
+from pipelines.streaming.state import flush_path, merge_shard, write_flush
+from tests.features.factories import event, events_table
+
+
+def test_split_by_user_gives_each_user_its_rows_in_order() -> None:
+    table = pa.table({"user_id": [3, 1, 3, 2, 1], "i": [0, 1, 2, 3, 4]})
+    parts = split_by_user(table)
+    assert [u for u, _ in parts] == [1, 2, 3]
+    assert {u: t.column("i").to_pylist() for u, t in parts} == {1: [1, 4], 2: [3], 3: [0, 2]}
+    assert split_by_user(table.slice(0, 0)) == []
+
+
+def test_first_sight_reads_the_users_newest_row_and_keeps_few_shards(tmp_path: Path) -> None:
+    out = str(tmp_path)
+    first = merge_shard(events_table([event("a", 7, 100), event("b", 8, 100)]), None, max_history=5)
+    write_flush(first.changed, flush_path(out, 0, 1))
+    later = merge_shard(events_table([event("c", 7, 200)]), first.state, max_history=5)
+    write_flush(later.changed, flush_path(out, 0, 2))
+    sight = FirstSight(max_shards=1)
+    row = sight.row_of(out, 0, 7)
+    assert row.num_rows == 1 and len(row.column("events")[0]) == 2
+    assert sight.row_of(out, 0, 99).num_rows == 0  # a user the files never held
+    assert sight.row_of(out, 1, 7).num_rows == 0  # another shard: the first one leaves the cache
+    assert len(sight._shards) == 1 and np.all([k[1] == 1 for k in sight._shards])
