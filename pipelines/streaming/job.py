@@ -1,36 +1,27 @@
-"""Streaming histories: Kafka (unbounded) → per-shard state + timers → flush files, topics, commits.
+"""Streaming histories: Kafka (unbounded) → per-user keyed state + event-time timers → flush files,
+representations, commits. One graph, the same on Prism and Flink:
 
-The job, on a streaming runner (Beam's Prism, built by ``make prism``; on Flink,
-``config.state == "keyed"``, step 2 is :class:`pipelines.streaming.keyed.AppendKeyedHistoriesFn`,
-state in Beam keyed state that Flink checkpoints, and step 4 commits only once a
-checkpoint covering the acknowledgement completes; the rest is the same):
+1. ``ReadPartition`` (an unbounded splittable DoFn per partition, its watermark the wall
+   clock) polls from the consumer group's committed offset, decodes each batch with the
+   batch decoder and emits (user_id, EVENT table + ``_partition``/``_offset``) pairs
+   stamped with the time read, dead letters, and acknowledgements for offsets that hold
+   no record;
+2. ``AppendHistories`` (:class:`pipelines.streaming.keyed.AppendUserHistoryFn`) is keyed
+   by user: it buffers the user's events and, at an event-time timer ``flush_interval_s``
+   after the first, merges them into the user's history (late events go to their place
+   by event time, duplicates are dropped) and emits the changed row with its offsets;
+3. ``WriteHistories`` writes a bundle's changed rows as one flush file per shard
+   (atomically) and publishes them when asked; with a model and a store, ``Refresh``
+   (:class:`pipelines.streaming.refresh.RefreshFn`) writes their representations to the
+   online store; only then do their acknowledgements go on;
+4. dead letters are written (Parquet, optional topic) and acknowledged likewise;
+5. ``CommitOffsets``, keyed by partition, commits to the group the first offset not yet
+   durable (:class:`pipelines.streaming.state.OffsetLedger`); on Flink
+   (``config.checkpointed``) only once a checkpoint covering the acknowledgement completes.
 
-1. ``ReadPartition`` (an unbounded splittable DoFn per partition) polls from the
-   consumer group's committed offset, decodes each batch with the batch decoder
-   and emits (shard, EVENT table + ``_partition``/``_offset``) pairs, dead
-   letters, and acknowledgements for offsets that hold no record;
-2. ``AppendHistories`` is keyed by user shard: it buffers event tables in the
-   worker (:data:`pipelines.streaming.state.PENDING`) and, once the oldest has
-   waited ``flush_interval_s`` (and at the end of input: an event-time timer),
-   has the worker's flush thread (:mod:`pipelines.streaming.flush`) merge
-   them into the shard's histories (late events go to their place by event
-   time), write the changed rows as a Parquet flush file (atomically) and
-   publish them to a topic when asked (confirmed); the next bundles emit the
-   acknowledgements of the flushed offsets. The shard's flush files are its
-   state; the worker keeps it in memory between flushes
-   (:data:`pipelines.streaming.state.SHARD_STATES`) and checks it against the
-   files under the shard lock. With a model and a store, each flush's touched
-   users' representations are written to the online store
-   (:mod:`pipelines.streaming.refresh`, on a worker thread too) before its
-   acknowledgements are emitted;
-3. dead letters are written (Parquet, optional topic) and acknowledged likewise;
-4. ``CommitOffsets``, keyed by partition, commits to the group the first offset
-   not yet durable (:class:`pipelines.streaming.state.OffsetLedger`).
-
-So a commit never gets ahead of what is durable. After a crash (even SIGKILL)
-the job restarts from the committed offsets, rebuilds each shard's state from
-its flush files, and the merge drops events that a history already holds (same
-event_id): no event lost, none counted twice.
+So a commit never gets ahead of what is durable. After a crash (even SIGKILL) the job
+restarts from the committed offsets (on Flink: from its checkpoint), and the merge drops
+events that a history already holds (same event_id): no event lost, none counted twice.
 """
 
 from __future__ import annotations
