@@ -28,7 +28,9 @@ import pytest
 
 from pipelines.io.kafka.config import KafkaConnection
 from pipelines.jobservers import REPO, default_flink_jar, versions
+from pipelines.store.redis_store import default_redis_url
 from pipelines.streaming.state import latest_histories
+from tests.conftest import require_redis
 from tests.fixtures.kafka import MakeTopic, produce
 from tests.runners.conftest import _free_port
 from tests.streaming.streams import (
@@ -37,10 +39,12 @@ from tests.streaming.streams import (
     keyed,
     replay,
     same_histories,
+    skewed,
     stream_cmd,
     trickle,
     wait_for_a_commit,
 )
+from tests.streaming.test_stream_refresh import assert_store_equals_precompute, world_with_model
 
 pytestmark = pytest.mark.integration
 FLINK_SH = REPO / "scripts" / "flink.sh"
@@ -177,3 +181,29 @@ def test_stream_on_flink_survives_taskmanager_sigkill(
     assert checkpoints["restored"] >= 1, checkpoints  # Flink restarted the job from a checkpoint
     same_histories(latest_histories(str(out)), replay(topic, tmp_path / "batch"))
     assert sum(c or 0 for c in committed(kafka, topic, group, 2)) == len(lines)
+
+
+def test_stream_on_flink_a_skewed_topic_equals_replay_and_the_refresh_equals_precompute(
+    kafka: KafkaConnection, make_topic: MakeTopic, own_flink: OwnFlink, tmp_path: Path
+) -> None:
+    """One user holds a tenth of the events (a Zipf head: one key, one subtask); the refresh runs
+    inside the graph on Flink and writes what the batch ``precompute`` computes."""
+    base = default_redis_url()
+    require_redis(base)
+    store = f"{base}?namespace=gem-test:{uuid.uuid4().hex}:"
+    lines, candidates, model = world_with_model(tmp_path)
+    lines = skewed(lines)
+    topic, group = make_topic(2, prefix="i26-flink-skew"), f"i26-g-{uuid.uuid4().hex[:8]}"
+    produce(kafka, topic, lines, keys=keyed(lines))
+    out, log = tmp_path / "stream", tmp_path / "stream.log"
+    refresh = ["--model", str(model), "--store", store, "--candidates", str(candidates), "--candidate-ttl", "3600"]
+    job = _start(stream_cmd(topic, group, out, "--idle-exit", "3", *refresh, *_flink_args(own_flink)), log)
+    try:
+        done = job.wait(timeout=400)
+    finally:
+        _stop(job)
+    assert done == 0, log.read_text()[-3000:]
+    streamed = latest_histories(str(out))
+    assert 999_999 in streamed.column("user_id").to_pylist()
+    assert sum(c or 0 for c in committed(kafka, topic, group, 2)) == len(lines)
+    same_histories(streamed, assert_store_equals_precompute(tmp_path, topic, store, candidates, model))

@@ -22,7 +22,7 @@ from tests.streaming.streams import committed, generate, keyed, replay, stream_c
 pytestmark = pytest.mark.integration
 
 
-def _world(tmp_path: Path) -> tuple[list[bytes], Path, Path]:
+def world_with_model(tmp_path: Path) -> tuple[list[bytes], Path, Path]:
     """Events (JSON lines, a few malformed), candidate sets and an untrained tiny model."""
     import torch
 
@@ -52,7 +52,7 @@ def test_streamed_users_get_the_batch_precompute_representation_before_their_off
         require_redis(base)
     else:
         require_redis_cluster(store)
-    lines, candidates, model = _world(tmp_path)
+    lines, candidates, model = world_with_model(tmp_path)
     topic, group = make_topic(2), f"g-{uuid.uuid4().hex[:8]}"
     produce(kafka, topic, lines, keys=keyed(lines))
     out = tmp_path / "stream"
@@ -78,7 +78,13 @@ def test_streamed_users_get_the_batch_precompute_representation_before_their_off
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert sum(c or 0 for c in committed(kafka, topic, group, 2)) == len(lines)
+    assert_store_equals_precompute(tmp_path, topic, store, candidates, model)
 
+
+def assert_store_equals_precompute(tmp_path: Path, topic: str, store: str, candidates: Path, model: Path) -> pa.Table:
+    """The store holds, for every user of ``topic``, the batch ``precompute`` of the replayed
+    histories (user level, float16 tolerance, watermark = last event) and exactly the recent pairs;
+    returns those histories."""
     # the same histories replayed in batch, then the batch precompute's user-level rows
     histories = replay(topic, tmp_path / "batch")
     batch_reps = tmp_path / "reps"
@@ -134,3 +140,4 @@ def test_streamed_users_get_the_batch_precompute_representation_before_their_off
     with open_store(store) as s:
         assert s.read_batch([(r["user_id"], a) for r in recent for a in r["ad_ids"]]).found.all()
         assert not s.read_batch([(r["user_id"], a) for r in stale for a in r["ad_ids"]]).found.any()
+    return histories
