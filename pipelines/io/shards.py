@@ -20,13 +20,20 @@ def split_by_shard(table: pa.Table, num_shards: int) -> list[tuple[int, pa.Table
     """``table`` (with a ``user_id`` column) cut into one sub-table per shard present."""
     if table.num_rows == 0:
         return []
-    shards = user_shard(table.column("user_id").to_numpy(), num_shards)
-    order = np.argsort(shards, kind="stable")
-    sorted_shards = shards[order]
-    starts = np.flatnonzero(np.r_[True, sorted_shards[1:] != sorted_shards[:-1]])
+    return split_by(table, user_shard(table.column("user_id").to_numpy(), num_shards))
+
+
+def split_by(table: pa.Table, keys: np.ndarray) -> list[tuple[int, pa.Table]]:
+    """``table`` cut into one sub-table per distinct value of ``keys`` (one per row), in key order,
+    rows in their order: zero-copy slices of one stable sort."""
+    if table.num_rows == 0:
+        return []
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
     ends = np.r_[starts[1:], len(order)]
     taken = table.take(pa.array(order))
-    return [(int(sorted_shards[s]), taken.slice(s, e - s)) for s, e in zip(starts, ends, strict=True)]
+    return [(int(ordered[s]), taken.slice(s, e - s)) for s, e in zip(starts, ends, strict=True)]
 
 
 #: How a shard's folder is named inside a kind's folder (``histories/shard=00007/``).

@@ -56,7 +56,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from pipelines.io.arrow_coder import ArrowTableCoder
 from pipelines.io.kafka.config import KafkaConnection
-from pipelines.io.shards import split_by_shard
+from pipelines.io.shards import split_by, split_by_shard
 from pipelines.schemas.layouts import HISTORY
 from pipelines.streaming.acks import open_sink
 from pipelines.streaming.config import StreamConfig
@@ -100,15 +100,7 @@ class WalltimeWatermark(WatermarkEstimatorProvider):
 
 def split_by_user(table: pa.Table) -> list[tuple[int, pa.Table]]:
     """``table`` (with ``user_id``) cut into one sub-table per user (zero-copy slices of one sort)."""
-    if table.num_rows == 0:
-        return []
-    users = table.column("user_id").to_numpy()
-    order = np.argsort(users, kind="stable")
-    ordered = users[order]
-    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
-    ends = np.r_[starts[1:], len(order)]
-    taken = table.take(pa.array(order))
-    return [(int(ordered[s]), taken.slice(s, e - s)) for s, e in zip(starts, ends, strict=True)]
+    return split_by(table, table.column("user_id").to_numpy())
 
 
 class FirstSight:
