@@ -1,9 +1,10 @@
 """Stream a Kafka topic into per-user histories (Beam streaming on Prism; state + timers).
 
 Reads every partition of --topic from the consumer group's committed offsets
-(--from, default earliest, when the group has none), keeps each user shard's
-histories as Beam state, and every --flush-interval seconds writes the changed
-histories as a Parquet flush file under OUTPUT/histories/shard=NNNNN/ (and to
+(--from, default earliest, when the group has none), keeps each user's history
+in Beam keyed state, and --flush-interval after a user's first new event merges
+them and writes the changed histories as Parquet flush files under
+OUTPUT/histories/shard=NNNNN/ (and to
 --to-topic as JSON, key = user_id). Offsets are committed to --group only after
 what they carried is durable, so a restarted job (even after SIGKILL) loses
 nothing and, deduplicating by event_id, counts nothing twice. Malformed messages
@@ -20,7 +21,7 @@ start that would resume an output from another output's commits, or with another
 topic or partition count, is refused with the fix: a new output takes a new group.
 
 With --model and --store, every flush also refreshes its users' representations in
-the online store (user-level rows, and pair rows for users whose latest candidate
+the online store (a step of the same graph, on Prism and on Flink) (user-level rows, and pair rows for users whose latest candidate
 set in --candidates is recent) before their offsets are committed.
 
 --metrics-port serves Prometheus metrics (consumer lag per partition, events/s, dead
@@ -28,8 +29,8 @@ letters per reason, flush and refresh latencies, freshness, buffered events, use
 RSS); on a terminal a status line comes every 5 s.
 
 Runs on Beam's Prism runner built by `make prism` (never downloaded at run time), or
-with --runner FlinkRunner on a Flink cluster (`make flink-up`): there the histories live
-in Beam keyed state that Flink checkpoints (--checkpointing_interval, default 5000 ms;
+with --runner FlinkRunner on a Flink cluster (`make flink-up`): the same graph, its
+keyed state checkpointed by Flink (--checkpointing_interval, default 5000 ms;
 the cluster's state backend), bundles end before each checkpoint (the command sets
 --finish_bundle_before_checkpointing), offsets are committed when a checkpoint that
 covers them completes, and --idle-exit cancels the job once the group has committed the
@@ -69,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flags.add_topic_outputs(parser)
     flags.add_num_shards(parser, "the state keys")
     flags.add_max_history(parser)
-    flags.add_setting_duration(parser, settings.FLUSH_INTERVAL, "time between flushes of a shard")
+    flags.add_setting_duration(parser, settings.FLUSH_INTERVAL, "how long a user's new events wait before their flush")
     flags.add_duration(
         parser, "--idle-exit", None, "finish when no message arrived for this long; without it, run until stopped"
     )
