@@ -21,8 +21,9 @@ start that would resume an output from another output's commits, or with another
 topic or partition count, is refused with the fix: a new output takes a new group.
 
 With --model and --store, every flush also refreshes its users' representations in
-the online store (a step of the same graph, on Prism and on Flink) (user-level rows, and pair rows for users whose latest candidate
-set in --candidates is recent) before their offsets are committed.
+the online store (user-level rows, and pair rows for users whose latest candidate
+set in --candidates is recent) before their offsets are committed: a step of the
+same graph, on Prism and on Flink.
 
 --metrics-port serves Prometheus metrics (consumer lag per partition, events/s, dead
 letters per reason, flush and refresh latencies, freshness, buffered events, users,
