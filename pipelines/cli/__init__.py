@@ -9,9 +9,11 @@ for importing torch).
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -109,6 +111,8 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if hasattr(signal, "SIGUSR1"):  # `kill -USR1 PID` prints every thread's stack: why a run hangs
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     for name in ("", "apache_beam.io.gcp.bigquery"):
         logging.getLogger(name).addFilter(_QuietOptionalGcp())
     logging.getLogger("apache_beam.runners.common").addFilter(_NoTracebackForOwnErrors())

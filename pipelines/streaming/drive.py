@@ -57,6 +57,7 @@ def run_until_idle(
 
     consumer = KafkaConsumer(**connection.kafka_python(), group_id=group, enable_auto_commit=False)
     since: float | None = None
+    progress = _Progress(topic)
     try:
         while True:
             state = str(result.state)
@@ -66,7 +67,7 @@ def run_until_idle(
                 return state
             if idle_exit_s is not None:
                 try:
-                    done = behind(consumer, topic) == 0
+                    done = progress.saw(behind(consumer, topic)) == 0
                 except KafkaError as exc:  # broker away: look again later
                     log.debug("idle check: %r", exc)
                     done = False
@@ -78,3 +79,20 @@ def run_until_idle(
             time.sleep(poll_s)
     finally:
         consumer.close()
+
+
+class _Progress:
+    """Logs how far the group's commits are behind the topic's end, when it changed, at most every
+    ``every_s``: an operator (or a failed test's log) sees whether a job is moving."""
+
+    def __init__(self, topic: str, every_s: float = 30.0) -> None:
+        self._topic, self._every_s = topic, every_s
+        self._said: int | None = None
+        self._at = time.monotonic()
+
+    def saw(self, records: int) -> int:
+        now = time.monotonic()
+        if records != self._said and now - self._at >= self._every_s:
+            log.info("stream: %d records of %s not yet committed", records, self._topic)
+            self._said, self._at = records, now
+        return records

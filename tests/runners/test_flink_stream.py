@@ -118,6 +118,20 @@ def _stop(job: subprocess.Popen[bytes]) -> None:
         job.wait(timeout=30)
 
 
+def _finish(job: subprocess.Popen[bytes], log: Path, cluster: OwnFlink, timeout: float) -> int:
+    """The job's exit status; past ``timeout``, a failure that shows where it hangs: the driver's
+    thread stacks (SIGUSR1, faulthandler) and log, and the cluster's jobs with their exceptions."""
+    try:
+        return job.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.kill(job.pid, signal.SIGUSR1)
+        time.sleep(2)
+        jobs = cluster.get("/jobs/overview")["jobs"]
+        failures = {j["jid"]: cluster.get(f"/jobs/{j['jid']}/exceptions").get("root-exception") for j in jobs}
+        tail = log.read_text()[-8000:]
+        pytest.fail(f"stream still running after {timeout} s; jobs {jobs}; exceptions {failures}\n{tail}")
+
+
 def _running_job(cluster: OwnFlink, job: subprocess.Popen[bytes], log: Path, deadline: float) -> str:
     while True:
         assert job.poll() is None, log.read_text()[-3000:]
@@ -142,7 +156,7 @@ def test_stream_on_flink_reads_although_every_bundle_ends_at_a_checkpoint(
     flags = [*_flink_args(own_flink, checkpoint_ms=200), "--max_bundle_time_mills=600000"]
     job = _start(stream_cmd(topic, group, out, "--idle-exit", "3", *flags), log)
     try:
-        done = job.wait(timeout=240)
+        done = _finish(job, log, own_flink, timeout=240)
     finally:
         _stop(job)
     assert done == 0, log.read_text()[-3000:]
@@ -172,7 +186,7 @@ def test_stream_on_flink_survives_taskmanager_sigkill(
         os.kill(own_flink.taskmanager_pid(), signal.SIGKILL)  # the TaskManager dies mid-topic ...
         own_flink.sh("up")  # ... and a replacement registers its 2 slots
         late.join(timeout=120)
-        done = job.wait(timeout=600)
+        done = _finish(job, log, own_flink, timeout=600)
     finally:
         _stop(job)
     assert done == 0, log.read_text()[-3000:]
@@ -199,7 +213,7 @@ def test_stream_on_flink_a_skewed_topic_equals_replay_and_the_refresh_equals_pre
     refresh = ["--model", str(model), "--store", store, "--candidates", str(candidates), "--candidate-ttl", "3600"]
     job = _start(stream_cmd(topic, group, out, "--idle-exit", "3", *refresh, *_flink_args(own_flink)), log)
     try:
-        done = job.wait(timeout=400)
+        done = _finish(job, log, own_flink, timeout=400)
     finally:
         _stop(job)
     assert done == 0, log.read_text()[-3000:]
