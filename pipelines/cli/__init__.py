@@ -111,8 +111,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if hasattr(signal, "SIGUSR1"):  # `kill -USR1 PID` prints every thread's stack: why a run hangs
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    _dump_stacks_on_sigusr1()
     for name in ("", "apache_beam.io.gcp.bigquery"):
         logging.getLogger(name).addFilter(_QuietOptionalGcp())
     logging.getLogger("apache_beam.runners.common").addFilter(_NoTracebackForOwnErrors())
@@ -143,6 +142,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"error: {message}", file=sys.stderr)
         return 2
+
+
+def _dump_stacks_on_sigusr1() -> None:
+    """``kill -USR1 PID`` prints every thread's stack to stderr: where a run that seems stuck is.
+    Only where stderr is a real file (not a test's captured stream, which has no descriptor)."""
+    if not hasattr(signal, "SIGUSR1"):
+        return
+    try:
+        sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 def _written(args: argparse.Namespace) -> list[str]:
