@@ -306,8 +306,15 @@ def _flink_options(args: argparse.Namespace) -> PipelineOptions:
         **JOB_SERVER_TIMEOUT,
     }
     # finish_bundle_before_checkpointing: a bundle still open at a checkpoint would hold Create's one
-    # output until a next bundle that never comes (docs/operations/flink.md)
-    required = {"runner": "FlinkRunner", "streaming": None, "finish_bundle_before_checkpointing": None}
+    # output until a next bundle that never comes; operator_chaining (a switch that turns Flink's
+    # chaining OFF): the operators' ids then do not depend on --parallelism, so a savepoint restores
+    # at another one (docs/operations/flink.md)
+    required = {
+        "runner": "FlinkRunner",
+        "streaming": None,
+        "finish_bundle_before_checkpointing": None,
+        "operator_chaining": None,
+    }
     flags_ = merge_flags(beam_args, required=required, defaults=defaults)
     options = PipelineOptions(flags_, save_main_session=False, pickle_library="cloudpickle")
     check_known(options, beam_args, jobservers.FLINK_OPTIONS)

@@ -66,6 +66,13 @@ class OwnFlink:
         with urllib.request.urlopen(f"http://{self.rest}{path}", timeout=5) as answer:
             return json.load(answer)
 
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        request = urllib.request.Request(
+            f"http://{self.rest}{path}", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return json.load(answer)
+
     def taskmanager_pid(self) -> int:
         return int((self.state / "run" / "flink-gem-taskexecutor.pid").read_text().split()[0])
 
@@ -96,11 +103,11 @@ def own_flink(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnFlink]:
         cluster.sh("down")
 
 
-def _flink_args(cluster: OwnFlink, checkpoint_ms: int = 2000) -> list[str]:
+def _flink_args(cluster: OwnFlink, checkpoint_ms: int = 2000, parallelism: int = 2) -> list[str]:
     return [
         "--runner=FlinkRunner",
         f"--flink_master={cluster.rest}",
-        "--parallelism=2",
+        f"--parallelism={parallelism}",
         f"--checkpointing_interval={checkpoint_ms}",  # restarts: Flink's default strategy with checkpoints on
         "--experiments=disable_logging_submission_environment",
     ]
@@ -221,3 +228,85 @@ def test_stream_on_flink_a_skewed_topic_equals_replay_and_the_refresh_equals_pre
     assert 999_999 in streamed.column("user_id").to_pylist()
     assert sum(c or 0 for c in committed(kafka, topic, group, 2)) == len(lines)
     same_histories(streamed, assert_store_equals_precompute(tmp_path, topic, store, candidates, model))
+
+
+def _committed_all(kafka: KafkaConnection, topic: str, group: str, records: int) -> bool:
+    return sum(c or 0 for c in committed(kafka, topic, group, 2)) == records
+
+
+def _stop_with_savepoint(cluster: OwnFlink, jid: str, target: Path, deadline: float) -> str:
+    """Flink's stop-with-savepoint (REST ``POST /jobs/<jid>/stop``, no drain): the savepoint's path."""
+    trigger = cluster.post(f"/jobs/{jid}/stop", {"targetDirectory": str(target), "drain": False})["request-id"]
+    while True:
+        answer = cluster.get(f"/jobs/{jid}/savepoints/{trigger}")
+        if answer["status"]["id"] == "COMPLETED":
+            assert "location" in answer["operation"], answer  # else a failure-cause
+            return str(answer["operation"]["location"])
+        assert time.monotonic() < deadline, f"no savepoint in time: {answer}"
+        time.sleep(0.5)
+
+
+def _restored_from(cluster: OwnFlink, jid: str) -> Any:
+    return cluster.get(f"/jobs/{jid}/checkpoints")["latest"]["restored"]
+
+
+def _hide_flush_files(out: Path, hidden: Path) -> None:
+    """Move the flush files aside: a restarted job then finds a user's earlier events only in the
+    keyed state it restored, never in the files (:class:`pipelines.streaming.keyed.FirstSight`)."""
+    for f in (out / "histories").glob("shard=*/*.parquet"):
+        (hidden / f.parent.name).mkdir(parents=True, exist_ok=True)
+        f.rename(hidden / f.parent.name / f.name)
+
+
+def _unhide(hidden: Path, out: Path) -> None:
+    for f in hidden.glob("shard=*/*.parquet"):
+        (out / "histories" / f.parent.name).mkdir(parents=True, exist_ok=True)
+        f.rename(out / "histories" / f.parent.name / f.name)
+
+
+def test_stream_on_flink_savepoint_and_restart_at_parallelism_2_1_2_keeps_every_history(
+    kafka: KafkaConnection, make_topic: MakeTopic, own_flink: OwnFlink, tmp_path: Path
+) -> None:
+    """A third of the topic at parallelism 2, stop with a savepoint; restart from it at 1 on the next
+    third, stop with a savepoint; restart at 2 on the rest and finish. Before each restart the flush
+    files are moved aside, so a user's earlier events can reach the rows written after it only
+    through the restored keyed state: with the files put back, the histories equal a ``replay``."""
+    lines = generate(tmp_path, 80, seed=43)
+    cut = len(lines) // 3
+    parts = [lines[:cut], lines[cut : 2 * cut], lines[2 * cut :]]
+    topic, group = make_topic(2, prefix="i26-flink-rescale"), f"i26-g-{uuid.uuid4().hex[:8]}"
+    out, hidden, savepoints = tmp_path / "stream", tmp_path / "hidden", tmp_path / "savepoints"
+    savepoint: str | None = None
+    users_by_run: list[set[int]] = []
+    for run, (parallelism, part) in enumerate(zip((2, 1, 2), parts, strict=True)):
+        produce(kafka, topic, part, keys=keyed(part))
+        flags = _flink_args(own_flink, parallelism=parallelism)
+        last = run == len(parts) - 1
+        if savepoint is not None:
+            flags.append(f"--savepoint_path={savepoint}")
+        log = tmp_path / f"stream-{run}.log"
+        job = _start(stream_cmd(topic, group, out, *(["--idle-exit", "3"] if last else []), *flags), log)
+        try:
+            deadline = time.monotonic() + 300
+            jid = _running_job(own_flink, job, log, deadline)
+            if savepoint is not None:
+                restored = _restored_from(own_flink, jid)
+                assert restored and restored["is_savepoint"], restored
+                assert restored["external_path"] == savepoint, restored
+            if not last:  # everything produced so far is flushed: then stop with a savepoint
+                while not _committed_all(kafka, topic, group, sum(map(len, parts[: run + 1]))):
+                    assert job.poll() is None, log.read_text()[-3000:]
+                    assert time.monotonic() < deadline, f"not committed in time: {committed(kafka, topic, group, 2)}"
+                    time.sleep(0.5)
+                savepoint = _stop_with_savepoint(own_flink, jid, savepoints, deadline)
+            done = _finish(job, log, own_flink, timeout=300)
+        finally:
+            _stop(job)
+        assert done == 0, log.read_text()[-3000:]
+        users_by_run.append(set(latest_histories(str(out)).column("user_id").to_pylist()))
+        if not last:
+            _hide_flush_files(out, hidden)
+    assert users_by_run[0] & users_by_run[1] and users_by_run[1] & users_by_run[2]  # state had to carry them
+    _unhide(hidden, out)
+    same_histories(latest_histories(str(out)), replay(topic, tmp_path / "batch"))
+    assert _committed_all(kafka, topic, group, len(lines))
