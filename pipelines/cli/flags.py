@@ -101,6 +101,19 @@ def add_max_history(parser: argparse.ArgumentParser) -> None:
     add_bounded(parser, settings.MAX_HISTORY, "events kept per user; older ones fold into the summary")
 
 
+def add_rep_history(parser: argparse.ArgumentParser, how: str) -> None:
+    """``--rep-history N``: LoopFM's historical representations of each user's newest N events."""
+    parser.add_argument(
+        "--rep-history",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also write OUTPUT/rep_history/: the model's representation of each user's newest N events, each as "
+        f"of its event (LoopFM's historical representations, a downstream ranker's sequence feature), {how} "
+        "(default: off)",
+    )
+
+
 def add_num_shards(parser: argparse.ArgumentParser, what: str) -> None:
     add_bounded(parser, settings.NUM_SHARDS, f"user shards: {what}")
 

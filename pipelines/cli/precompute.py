@@ -39,14 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also write each written user's context record to --store (the last 32 events and the prefix counts "
         "a downstream ranker reads with the representations; pipelines/model/context.py)",
     )
-    parser.add_argument(
-        "--rep-history",
-        type=int,
-        default=0,
-        metavar="N",
-        help="also write OUTPUT/rep_history/: the model's representation of each user's newest N events, each as "
-        "of its event (LoopFM's historical representations, a downstream ranker's sequence feature) (default: off)",
-    )
+    flags.add_rep_history(parser, "a backfill of the features snapshot")
     flags.add_device(parser)
     parser.add_argument(
         "--batching",

@@ -23,7 +23,10 @@ topic or partition count, is refused with the fix: a new output takes a new grou
 With --model and --store, every flush also refreshes its users' representations in
 the online store (user-level rows, and pair rows for users whose latest candidate
 set in --candidates is recent) before their offsets are committed: a step of the
-same graph, on Prism and on Flink.
+same graph, on Prism and on Flink. With --model and --rep-history N (a store is not needed),
+every flush also appends the model's representation of each new event, as of that event, to
+its user's row of historical representations under OUTPUT/rep_history/ (the newest N kept;
+read like precompute --rep-history's backfill), before their offsets are committed.
 
 --metrics-port serves Prometheus metrics (consumer lag per partition, events/s, dead
 letters per reason, flush and refresh latencies, freshness, buffered events, users,
@@ -94,6 +97,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         settings.CANDIDATE_TTL,
         "a candidate set is recent if requested at most this long before the user's last event",
     )
+    flags.add_rep_history(
+        parser, "appended as events arrive (only the new events go through --model; needs --model, not --store)"
+    )
     flags.add_device(parser, "the representation refresh")
     parser.add_argument(
         "--torch-threads",
@@ -138,6 +144,7 @@ def stream_config(args: argparse.Namespace, on_flink: bool) -> StreamConfig:
         store=args.store,
         candidates=tuple(args.candidates),
         candidate_ttl_s=args.candidate_ttl,
+        rep_history=args.rep_history,
         device=args.device,
         torch_threads=args.torch_threads,
         max_future_s=args.max_future,

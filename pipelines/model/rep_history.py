@@ -12,28 +12,44 @@ computed from events before the example.
 Layout (``pipelines.schemas.layouts.REP_HISTORY``): one row per user, ``events`` a list of
 ``(position, event_time, embedding)`` oldest to newest, ``position`` the event's place in the
 user's stored history list.
+
+A stream (``stream --rep-history N``) appends to each user's row as events arrive (new events
+only, :mod:`pipelines.streaming.rep_history`); :func:`read_rep_history` reads either output, the
+newest row of each user.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
+from pipelines.io.parquet import read_table
+from pipelines.io.shards import SHARD_DIR, SHARD_GLOB
 from pipelines.model.gem import GemModel
 from pipelines.model.inputs import HistoryIndex
 from pipelines.model.reps import PairQueries, pair_reps
-from pipelines.schemas.layouts import REP_HISTORY, rep_history_schema
+from pipelines.schemas.layouts import REP_HISTORY, Layout, rep_history_schema
 
 __all__ = [
+    "REP_HISTORY_KIND",
     "RepHistory",
     "compute_rep_history",
     "events_needed",
     "latest_events",
+    "newest_rep_rows",
+    "read_rep_history",
+    "rep_history_layout",
     "rep_history_table",
     "rep_sequences",
+    "stored_reps",
 ]
+
+#: The folder of an output that holds the historical representations (precompute's parts, a stream's flushes).
+REP_HISTORY_KIND = "rep_history"
 
 
 @dataclass(frozen=True)
@@ -136,3 +152,46 @@ def latest_events(index: HistoryIndex, length: int) -> np.ndarray:
     starts = np.maximum(index.offsets[1:] - length, index.offsets[:-1])
     sizes = index.offsets[1:] - starts
     return np.repeat(starts, sizes) + (np.arange(sizes.sum()) - np.repeat(np.cumsum(sizes) - sizes, sizes))
+
+
+def rep_history_layout(dim: int) -> Layout:
+    """The ``rep_history`` layout for embeddings of ``dim`` values."""
+    return dataclasses.replace(REP_HISTORY, schema=rep_history_schema(dim))
+
+
+def stored_reps(row: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """A REP_HISTORY table's events, flat: ``position (E,) int64``, ``embedding (E, R) float32``
+    (the stored float16 values, exact)."""
+    items = row.column("events").combine_chunks().flatten()
+    embedding = items.field("embedding")
+    dim = embedding.type.list_size
+    values = embedding.flatten().to_numpy(zero_copy_only=False).astype(np.float32)
+    return items.field("position").to_numpy().astype(np.int64), values.reshape(len(items), dim)
+
+
+def newest_rep_rows(tables: list[pa.Table]) -> pa.Table:
+    """REP_HISTORY rows sorted by user: each user's row from the last of ``tables`` that has one."""
+    tables = [t for t in tables if t.num_rows]
+    if not tables:
+        return REP_HISTORY.schema.empty_table()
+    ranks = [np.full(t.num_rows, i, np.int64) for i, t in enumerate(tables)]
+    table = pa.concat_tables([t.cast(tables[-1].schema) for t in tables])
+    users, rank = table.column("user_id").to_numpy(), np.concatenate(ranks)
+    order = np.lexsort((-rank, users))
+    first = np.r_[True, users[order][1:] != users[order][:-1]]
+    return table.take(pa.array(order[first]))
+
+
+def _rep_files(folder: str, shard: int | None) -> list[Path]:
+    """A backfill's parts (``part-*``, oldest) then a stream's flush files in time order."""
+    where = SHARD_DIR.format(shard) if shard is not None else SHARD_GLOB
+    files = list(Path(folder, REP_HISTORY_KIND).glob(f"{where}/*.parquet"))
+    parts = sorted(f for f in files if f.name.startswith("part-"))
+    flushes = sorted((f for f in files if f.name.startswith("flush-")), key=lambda f: f.name)
+    return parts + flushes
+
+
+def read_rep_history(folder: str, shard: int | None = None) -> pa.Table:
+    """The historical representations under ``folder/rep_history/`` (of one shard, or all), whether
+    ``precompute --rep-history`` or ``stream --rep-history`` wrote them: the newest row of each user."""
+    return newest_rep_rows([read_table(str(f), REP_HISTORY) for f in _rep_files(folder, shard)])

@@ -15,13 +15,10 @@ from apache_beam.metrics import Metrics
 
 from pipelines.io.shards import shard_path
 from pipelines.io.snapshot import Snapshot
-from pipelines.model.rep_history import compute_rep_history, latest_events, rep_history_table
+from pipelines.model.rep_history import REP_HISTORY_KIND, compute_rep_history, latest_events, rep_history_table
 from pipelines.precompute.transforms import shard_histories
 
 __all__ = ["REP_HISTORY_KIND", "WriteRepHistory"]
-
-#: The folder of an output that holds the historical representations.
-REP_HISTORY_KIND = "rep_history"
 
 
 class _RepHistoryFn(beam.DoFn):

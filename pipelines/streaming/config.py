@@ -33,6 +33,8 @@ class StreamConfig:
     store: str | None = None
     candidates: tuple[str, ...] = ()
     candidate_ttl_s: float = CANDIDATE_TTL.seconds
+    #: Keep each user's historical representations of their newest N events (0: none; needs ``model``).
+    rep_history: int = 0
     device: str = "auto"
     torch_threads: int = 1
     #: Events later than the job's clock plus this become ``future_time`` dead letters.
@@ -62,11 +64,19 @@ class StreamConfig:
             raise ConfigError("--broker-timeout", f"got {self.broker_timeout_s}", "pass 1 s .. 1 d")
         if self.idle_exit_s is not None and self.idle_exit_s <= 0:
             raise ConfigError("--idle-exit", f"got {self.idle_exit_s}", "pass a positive number of seconds")
-        if (self.model is None) != (self.store is None):
+        if self.rep_history < 0:
+            raise ConfigError("--rep-history", f"got {self.rep_history}", "pass 0 (none) or a number of events")
+        if self.rep_history and self.model is None:
+            raise ConfigError(
+                "--rep-history",
+                "historical representations are computed with a model",
+                "pass --model MODEL_DIR too (the output folder of the train command)",
+            )
+        if (self.model is None) != (self.store is None) and not (self.rep_history and self.store is None):
             raise ConfigError(
                 "--model" if self.model is None else "--store",
                 "representations need both a model and a store",
-                "pass --model MODEL_DIR and --store URI together, or neither",
+                "pass --model MODEL_DIR and --store URI together, or neither (or --model with --rep-history)",
             )
         if self.candidates and self.model is None:
             raise ConfigError(
@@ -83,5 +93,5 @@ class StreamConfig:
 
     @property
     def refresh(self) -> bool:
-        """Whether flushed histories go on to the representation refresh."""
-        return self.model is not None
+        """Whether flushed histories go on to the representation refresh (into the store)."""
+        return self.model is not None and self.store is not None

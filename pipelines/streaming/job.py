@@ -10,7 +10,10 @@ representations, commits. One graph, the same on Prism and Flink:
    by user: it buffers the user's events and, at an event-time timer ``flush_interval_s``
    after the first, merges them into the user's history (late events go to their place
    by event time, duplicates are dropped) and emits the changed row with its offsets;
-3. ``WriteHistories`` writes a bundle's changed rows as one flush file per shard
+3. with ``--rep-history N``, the flush also appends the new events' historical representations
+   to the user's row (:mod:`pipelines.streaming.rep_history`) and ``WriteRepHistories`` writes
+   them as flush files under ``rep_history/`` before anything goes on;
+   ``WriteHistories`` writes a bundle's changed rows as one flush file per shard
    (atomically) and publishes them when asked; with a model and a store, ``Refresh``
    (:class:`pipelines.streaming.refresh.RefreshFn`) writes their representations to the
    online store; only then do their acknowledgements go on;
@@ -254,11 +257,12 @@ def build_stream(
         .with_output_types(tuple[int, pa.Table])
         .with_outputs(ACKS, DEAD, main="events")
     )
-    flushed = (
-        read["events"]
-        | "AppendHistories" >> beam.ParDo(AppendUserHistoryFn(config))
-        | "WriteHistories" >> beam.ParDo(WriteHistoriesFn(connection, config))
-    )
+    appended = read["events"] | "AppendHistories" >> beam.ParDo(AppendUserHistoryFn(config))
+    if config.rep_history:
+        from pipelines.streaming.rep_history import WriteRepHistoriesFn
+
+        appended = appended | "WriteRepHistories" >> beam.ParDo(WriteRepHistoriesFn(config))
+    flushed = appended | "WriteHistories" >> beam.ParDo(WriteHistoriesFn(connection, config))
     if config.refresh:
         flushed = flushed | "Refresh" >> beam.ParDo(RefreshFn(config))
     acks = flushed | "FlushedAcks" >> beam.FlatMap(lambda done: done[1])

@@ -39,8 +39,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
 
 import apache_beam as beam
 import numpy as np
@@ -79,13 +79,18 @@ FIRST_SIGHT_SHARDS = 64
 _TABLES = ArrowTableCoder(compress_from_bytes=None)
 _BUFFER = BagStateSpec("buffer", _TABLES)
 _HISTORY = ReadModifyWriteStateSpec("history", _TABLES)
+_REPS = ReadModifyWriteStateSpec("rep_history", _TABLES)
 _DUE = ReadModifyWriteStateSpec("flush_due", VarIntCoder())
 _FLUSH = TimerSpec("flush", TimeDomain.WATERMARK)
 BUFFER, HISTORY_STATE = beam.DoFn.StateParam(_BUFFER), beam.DoFn.StateParam(_HISTORY)
+REPS_STATE = beam.DoFn.StateParam(_REPS)
 DUE, FLUSH, KEY = beam.DoFn.StateParam(_DUE), beam.DoFn.TimerParam(_FLUSH), beam.DoFn.KeyParam
 
 #: (a user's changed HISTORY row, its flushed (partition, offsets)).
 Flushed = tuple[pa.Table, list[tuple[int, np.ndarray]]]
+
+if TYPE_CHECKING:
+    from pipelines.streaming.rep_history import FlushedWithReps
 
 
 class WalltimeWatermark(WatermarkEstimatorProvider):
@@ -103,17 +108,30 @@ def split_by_user(table: pa.Table) -> list[tuple[int, pa.Table]]:
     return split_by(table, table.column("user_id").to_numpy())
 
 
+class Rows(Protocol):
+    def rows_of(self, users: list[int]) -> pa.Table: ...
+
+
+def _load_histories(output: str, shard: int) -> ShardHistories:
+    loaded = ShardHistories()
+    loaded.add(latest_histories(output, shard))
+    return loaded
+
+
 class FirstSight:
     """Each user's row in the flush files, for users a fresh job meets for the first time.
 
     A bounded LRU of whole shards (``max_shards``), each read once per worker: the flush
     files are sorted by time, not by user, so a per-user read would open every file of the
     shard anyway; loading the shard once makes each later first sight a dictionary lookup.
+    ``load(output, shard)`` reads a shard (default: its histories).
     """
 
-    def __init__(self, max_shards: int = FIRST_SIGHT_SHARDS) -> None:
-        self._max = max_shards
-        self._shards: OrderedDict[tuple[str, int], ShardHistories] = OrderedDict()
+    def __init__(
+        self, max_shards: int = FIRST_SIGHT_SHARDS, load: Callable[[str, int], Rows] = _load_histories
+    ) -> None:
+        self._max, self._load = max_shards, load
+        self._shards: OrderedDict[tuple[str, int], Rows] = OrderedDict()
         self._lock = threading.Lock()
 
     def row_of(self, output: str, shard: int, user: int) -> pa.Table:
@@ -121,8 +139,7 @@ class FirstSight:
         with self._lock:
             loaded = self._shards.get(key)
             if loaded is None:
-                loaded = ShardHistories()
-                loaded.add(latest_histories(output, shard))
+                loaded = self._load(output, shard)
                 self._shards[key] = loaded
                 while len(self._shards) > self._max:
                     self._shards.popitem(last=False)
@@ -135,10 +152,19 @@ _FIRST_SIGHT = FirstSight()
 
 class AppendUserHistoryFn(beam.DoFn):
     """Keyed by user: buffer the user's events; at the event-time timer merge them into the
-    user's history (keyed state) and emit the changed row with the flushed offsets."""
+    user's history (keyed state) and emit the changed row with the flushed offsets. With
+    ``config.rep_history``, also the user's historical representations (keyed state too,
+    :class:`pipelines.streaming.rep_history.RepHistoryStep`), third in each output."""
 
     def __init__(self, config: StreamConfig) -> None:
+        from pipelines.streaming.rep_history import RepHistoryStep
+
         self._config = config
+        self._reps = RepHistoryStep(config) if config.rep_history else None
+
+    def setup(self) -> None:
+        if self._reps is not None:
+            self._reps.setup()
 
     def process(
         self,
@@ -160,8 +186,13 @@ class AppendUserHistoryFn(beam.DoFn):
 
     @on_timer(_FLUSH)
     def on_flush(
-        self, user: Any = KEY, buffer: Any = BUFFER, history: Any = HISTORY_STATE, due: Any = DUE
-    ) -> Iterator[Flushed]:
+        self,
+        user: Any = KEY,
+        buffer: Any = BUFFER,
+        history: Any = HISTORY_STATE,
+        due: Any = DUE,
+        reps: Any = REPS_STATE,
+    ) -> Iterator[Flushed | FlushedWithReps]:
         tables = [t for t in buffer.read() if t.num_rows]
         buffer.clear()
         due.clear()
@@ -177,7 +208,11 @@ class AppendUserHistoryFn(beam.DoFn):
         history.write(merged.state)
         _record_flush(time.perf_counter() - started, merged.changed)
         partitions, offsets = events.column(PARTITION).to_numpy(), events.column(OFFSET).to_numpy()
-        yield merged.changed, [(int(p), offsets[partitions == p]) for p in np.unique(partitions)]
+        acks = [(int(p), offsets[partitions == p]) for p in np.unique(partitions)]
+        if self._reps is None:
+            yield merged.changed, acks
+        else:
+            yield merged.changed, acks, self._reps.append(user, previous, merged.changed, reps)
 
 
 def _shard_of(events: pa.Table, num_shards: int) -> int:

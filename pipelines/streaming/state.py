@@ -36,7 +36,7 @@ from pipelines.features.histories import build_histories
 from pipelines.io.parquet import conform, read_table
 from pipelines.io.shards import SHARD_DIR, SHARD_GLOB, shard_path
 from pipelines.io.snapshot import HISTORIES
-from pipelines.schemas.layouts import EVENT, HISTORY
+from pipelines.schemas.layouts import EVENT, HISTORY, Layout
 
 __all__ = [
     "OffsetLedger",
@@ -111,11 +111,14 @@ def merge_shard(events: pa.Table, state: pa.Table | None, *, max_history: int) -
     return ShardMerge(changed, conform(merged.take(order), HISTORY), build.duplicates + build.duplicates_previous)
 
 
-def flush_path(output: str, shard: int, clock_ns: int | None = None, *, full: bool = False) -> str:
-    """``<output>/histories/shard=NNNNN/{flush|full}-<ns>-<rand>.parquet``: names sort by time after the kind."""
+def flush_path(
+    output: str, shard: int, clock_ns: int | None = None, *, full: bool = False, folder: str = HISTORIES
+) -> str:
+    """``<output>/<folder>/shard=NNNNN/{flush|full}-<ns>-<rand>.parquet`` (``folder``: ``histories``, or
+    ``rep_history`` for the historical representations): names sort by time after the kind."""
     stamp = clock_ns if clock_ns is not None else time.time_ns()
     kind = "full" if full else "flush"
-    return shard_path(output, HISTORIES, shard, f"{kind}-{stamp:020d}-{uuid.uuid4().hex[:8]}.parquet")
+    return shard_path(output, folder, shard, f"{kind}-{stamp:020d}-{uuid.uuid4().hex[:8]}.parquet")
 
 
 def _stamp(path: Path) -> str:
@@ -268,13 +271,13 @@ class ShardStates:
         )
 
 
-def write_flush(table: pa.Table, path: str) -> str:
-    """Write ``table`` (HISTORY) to ``path`` atomically (temporary name, fsync, rename)."""
+def write_flush(table: pa.Table, path: str, layout: Layout = HISTORY) -> str:
+    """Write ``table`` (HISTORY, or ``layout``) to ``path`` atomically (temporary name, fsync, rename)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp")
     with open(tmp, "wb") as f:
-        pq.write_table(conform(table, HISTORY), f, compression="zstd")
+        pq.write_table(conform(table, layout), f, compression="zstd")
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, target)
