@@ -51,6 +51,7 @@ from pipelines.model.rep_history import (
     stored_reps,
 )
 from pipelines.streaming.config import StreamConfig
+from pipelines.streaming.keyed import FirstSight
 from pipelines.streaming.state import flush_path, write_flush
 
 __all__ = ["RepHistoryStep", "RepRows", "WriteRepHistoriesFn", "append_rep_history"]
@@ -125,6 +126,10 @@ class RepRows:
         return self._table.take(pa.array([self._row[u] for u in users if u in self._row], pa.int64()))
 
 
+#: Per worker process, like the histories' first sight (:data:`pipelines.streaming.keyed.FIRST_SIGHT_SHARDS`).
+_FIRST_SIGHT = FirstSight(load=RepRows.load)
+
+
 class _Model:
     """The loaded model, in a class so that ``Shared`` can hold it (weak references)."""
 
@@ -137,11 +142,8 @@ class RepHistoryStep:
     docstring); the model is loaded once per worker process and shared by its threads."""
 
     def __init__(self, config: StreamConfig) -> None:
-        from pipelines.streaming.keyed import FirstSight
-
         self._config = config
         self._shared = Shared()
-        self._first_sight = FirstSight(load=RepRows.load)
 
     def setup(self) -> None:
         self._model = self._shared.acquire(self._load, tag=f"{self._config.output}:rep_history").model
@@ -163,7 +165,7 @@ class RepHistoryStep:
         carried = state.read()
         if carried is None:  # first sight (a fresh job): the flush files hold the user's row so far
             shard = int(user_shard(np.asarray([user], np.int64), self._config.num_shards)[0])
-            carried = self._first_sight.row_of(self._config.output, shard, user)
+            carried = _FIRST_SIGHT.row_of(self._config.output, shard, user)
         row = append_rep_history(self._model, previous, changed, carried, self._config.rep_history)
         state.write(row)
         shared_metrics("stream").step("rep_history", time.perf_counter() - started)
