@@ -257,11 +257,7 @@ def build_stream(
         .with_output_types(tuple[int, pa.Table])
         .with_outputs(ACKS, DEAD, main="events")
     )
-    appended = read["events"] | "AppendHistories" >> beam.ParDo(AppendUserHistoryFn(config))
-    if config.rep_history:
-        from pipelines.streaming.rep_history import WriteRepHistoriesFn
-
-        appended = appended | "WriteRepHistories" >> beam.ParDo(WriteRepHistoriesFn(config))
+    appended = _append_histories(read["events"], config)
     flushed = appended | "WriteHistories" >> beam.ParDo(WriteHistoriesFn(connection, config))
     if config.refresh:
         flushed = flushed | "Refresh" >> beam.ParDo(RefreshFn(config))
@@ -273,6 +269,16 @@ def build_stream(
         | "AllAcks" >> beam.Flatten()
         | "CommitOffsets" >> beam.ParDo(commit(connection, config, {s.partition: s.start for s in starts}))
     )
+
+
+def _append_histories(events: beam.PCollection, config: StreamConfig) -> beam.PCollection:
+    """The keyed flush; with ``--rep-history``, keeping the historical representations and writing them."""
+    if not config.rep_history:
+        return events | "AppendHistories" >> beam.ParDo(AppendUserHistoryFn(config))
+    from pipelines.streaming.rep_history import RepHistoryStep, WriteRepHistoriesFn  # imports torch
+
+    appended = events | "AppendHistories" >> beam.ParDo(AppendUserHistoryFn(config, RepHistoryStep(config)))
+    return appended | "WriteRepHistories" >> beam.ParDo(WriteRepHistoriesFn(config))
 
 
 #: partition -> (committed offset, commit metadata), None where the group has committed nothing.

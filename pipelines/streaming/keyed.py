@@ -40,7 +40,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import apache_beam as beam
 import numpy as np
@@ -88,9 +88,17 @@ DUE, FLUSH, KEY = beam.DoFn.StateParam(_DUE), beam.DoFn.TimerParam(_FLUSH), beam
 
 #: (a user's changed HISTORY row, its flushed (partition, offsets)).
 Flushed = tuple[pa.Table, list[tuple[int, np.ndarray]]]
+#: The same with the user's REP_HISTORY row (``stream --rep-history``).
+FlushedWithReps = tuple[pa.Table, list[tuple[int, np.ndarray]], pa.Table]
 
-if TYPE_CHECKING:
-    from pipelines.streaming.rep_history import FlushedWithReps
+
+class RepStep(Protocol):
+    """What the flush calls after the merge to keep the user's historical representations
+    (:class:`pipelines.streaming.rep_history.RepHistoryStep`)."""
+
+    def setup(self) -> None: ...
+
+    def append(self, user: int, previous: pa.Table, changed: pa.Table, state: Any) -> pa.Table: ...
 
 
 class WalltimeWatermark(WatermarkEstimatorProvider):
@@ -153,14 +161,11 @@ _FIRST_SIGHT = FirstSight()
 class AppendUserHistoryFn(beam.DoFn):
     """Keyed by user: buffer the user's events; at the event-time timer merge them into the
     user's history (keyed state) and emit the changed row with the flushed offsets. With
-    ``config.rep_history``, also the user's historical representations (keyed state too,
-    :class:`pipelines.streaming.rep_history.RepHistoryStep`), third in each output."""
+    ``reps``, also the user's historical representations (keyed state too), third in each output."""
 
-    def __init__(self, config: StreamConfig) -> None:
-        from pipelines.streaming.rep_history import RepHistoryStep
-
+    def __init__(self, config: StreamConfig, reps: RepStep | None = None) -> None:
         self._config = config
-        self._reps = RepHistoryStep(config) if config.rep_history else None
+        self._reps = reps
 
     def setup(self) -> None:
         if self._reps is not None:

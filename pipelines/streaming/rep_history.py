@@ -51,7 +51,7 @@ from pipelines.model.rep_history import (
     stored_reps,
 )
 from pipelines.streaming.config import StreamConfig
-from pipelines.streaming.keyed import FirstSight
+from pipelines.streaming.keyed import FirstSight, FlushedWithReps
 from pipelines.streaming.state import flush_path, write_flush
 
 __all__ = ["RepHistoryStep", "RepRows", "WriteRepHistoriesFn", "append_rep_history"]
@@ -170,10 +170,6 @@ class RepHistoryStep:
         state.write(row)
         shared_metrics("stream").step("rep_history", time.perf_counter() - started)
         return row
-
-
-#: (a user's changed HISTORY row, its flushed (partition, offsets), its REP_HISTORY row).
-FlushedWithReps = tuple[pa.Table, list[tuple[int, np.ndarray]], pa.Table]
 
 
 class WriteRepHistoriesFn(beam.DoFn):
