@@ -25,7 +25,6 @@ sits at the stored position (a crash between the two flush files) are dropped an
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -55,8 +54,6 @@ from pipelines.streaming.keyed import FirstSight, FlushedWithReps
 from pipelines.streaming.state import flush_path, write_flush
 
 __all__ = ["RepHistoryStep", "RepRows", "WriteRepHistoriesFn", "append_rep_history"]
-
-log = logging.getLogger(__name__)
 
 
 def _window(row: pa.Table, length: int) -> tuple[int, pa.Table]:
