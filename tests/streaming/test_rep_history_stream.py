@@ -155,6 +155,25 @@ def test_a_stream_in_two_runs_appends_what_precompute_backfills_on_replayed_hist
         assert done.returncode == 0, done.stderr[-3000:]
     assert sum(c or 0 for c in committed(kafka, topic, group, 2)) == len(lines)
 
+    got, histories = assert_rep_history_equals_precompute(tmp_path, topic, out, candidates, model)
+    # the append path: rows holding entries of both runs (carried from the first, added by the second)
+    assert rows_spanning(got, middle) >= 3
+    assert max(len(e) for e in histories.column("events").to_pylist()) > N_STREAM  # the oldest dropped
+    assert latest_histories(str(out)).num_rows == histories.num_rows
+
+
+def rows_spanning(rows: pa.Table, middle: int) -> int:
+    """How many REP_HISTORY rows hold events both before ``middle`` (ms) and at or after it."""
+    spans = [[round(e["event_time"].timestamp() * 1000) for e in row] for row in rows.column("events").to_pylist()]
+    return sum(min(times) < middle <= max(times) for times in spans)
+
+
+def assert_rep_history_equals_precompute(
+    tmp_path: Path, topic: str, out: Path, candidates: Path, model: Path
+) -> tuple[pa.Table, pa.Table]:
+    """The stream's rows under ``out`` equal ``precompute --rep-history N_STREAM`` on ``replay``'s
+    histories of ``topic`` (same users, positions and times; vectors within a float16 step);
+    returns (the stream's rows, the replayed histories)."""
     histories = replay(topic, tmp_path / "batch")
     batch = tmp_path / "reps"
     argv = ["precompute", "--features", str(tmp_path / "batch"), "--candidates", str(candidates)]
@@ -174,8 +193,4 @@ def test_a_stream_in_two_runs_appends_what_precompute_backfills_on_replayed_hist
             rtol=2e-3,
             atol=1e-3,
         )
-    # the append path: rows holding entries of both runs (carried from the first, added by the second)
-    spans = [[round(e["event_time"].timestamp() * 1000) for e in row] for row in got.column("events").to_pylist()]
-    assert sum(min(times) < middle <= max(times) for times in spans) >= 3
-    assert max(len(e) for e in histories.column("events").to_pylist()) > N_STREAM  # the oldest dropped
-    assert latest_histories(str(out)).num_rows == histories.num_rows
+    return got, histories
