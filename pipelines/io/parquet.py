@@ -6,6 +6,7 @@ Paths go through Beam's ``FileSystems`` so the same code writes local paths and
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import pyarrow as pa
@@ -27,13 +28,30 @@ def conform(table: pa.Table, layout: Layout) -> pa.Table:
 
 def write_table(table: pa.Table, path: str, layout: Layout, *, compression: str = "zstd") -> str:
     """Write ``table`` in ``layout`` to ``path`` (local or any Beam filesystem). Returns the path."""
-    table = conform(table, layout)
+    return write_tables([table], path, layout, compression=compression)
+
+
+def write_tables(tables: Iterable[pa.Table], path: str, layout: Layout, *, compression: str = "zstd") -> str:
+    """Write ``tables`` in ``layout``, one after the other, to one file at ``path``, each as it comes
+    (never all in memory). With no tables the file holds the layout's empty table. Returns the path."""
     parent = path.rsplit("/", 1)[0] if "/" in path else "."
     if not FileSystems.exists(parent):
         FileSystems.mkdirs(parent)
-    flat = [f.name for f in table.schema if not _is_vector(f.type)]
     with FileSystems.create(path) as sink:
-        pq.write_table(table, sink, compression=compression, use_dictionary=flat, write_statistics=flat)
+        writer: pq.ParquetWriter | None = None
+        try:
+            for table in tables:
+                table = conform(table, layout)
+                if writer is None:  # the first table's schema (a sized column keeps its size)
+                    flat = [f.name for f in table.schema if not _is_vector(f.type)]
+                    options = {"use_dictionary": flat, "write_statistics": flat}
+                    writer = pq.ParquetWriter(sink, table.schema, compression=compression, **options)
+                writer.write_table(table)
+            if writer is None:
+                pq.write_table(conform(layout.schema.empty_table(), layout), sink, compression=compression)
+        finally:
+            if writer is not None:
+                writer.close()
     return path
 
 
