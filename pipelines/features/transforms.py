@@ -7,7 +7,7 @@ sources are in :mod:`.sources`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import apache_beam as beam
@@ -15,12 +15,12 @@ import pyarrow as pa
 from apache_beam.metrics import Metrics
 
 from pipelines.features.examples import LabelWindows
-from pipelines.features.histories import build_histories
-from pipelines.io.parquet import read_table, write_table
+from pipelines.features.histories import stream_histories
+from pipelines.io.parquet import read_table, write_table, write_tables
 from pipelines.io.shards import shard_path, split_by_shard
 from pipelines.io.snapshot import HISTORIES, TRAINING_EXAMPLES
 from pipelines.io.transforms import GroupByShard
-from pipelines.schemas.layouts import EVENT, HISTORY, TRAINING_EXAMPLE, Layout
+from pipelines.schemas.layouts import HISTORY, TRAINING_EXAMPLE
 from pipelines.settings import MAX_HISTORY, NUM_SHARDS
 
 __all__ = ["BuildHistories"]
@@ -41,9 +41,11 @@ def _concat(tables: Iterable[pa.Table]) -> pa.Table | None:
 class _BuildShardFn(beam.DoFn):
     """(shard, {events, previous}) → writes that shard's histories and examples; yields counts.
 
-    Parquet writes (single-threaded encode + zstd, GIL released) run on a small
-    thread pool while the next shard builds; ``finish_bundle`` waits for them, so
-    a bundle only commits once its files are written (a failed write fails it).
+    The events go to the build table by table (never concatenated): the build holds a bounded
+    slice of them, not one user's whole stream (:func:`stream_histories`). Parquet writes
+    (single-threaded encode + zstd, GIL released) run on a small thread pool while the next shard
+    builds; ``finish_bundle`` waits for them, so a bundle only commits once its files are written
+    (a failed write fails it).
     """
 
     def __init__(self, output: str, max_history: int, windows: LabelWindows) -> None:
@@ -67,29 +69,32 @@ class _BuildShardFn(beam.DoFn):
 
     def process(self, element: tuple[int, Iterable[pa.Table]], counts: dict[str, int]) -> Iterator[dict]:
         shard, tables = element
-        tables = list(tables)
-        events = _concat(t for t in tables if not _is_history(t)) or EVENT.schema.empty_table()
         previous = _concat(t for t in tables if _is_history(t))
         watermark_ms = counts.get("max.event_time_ms", 0)
-        build = build_histories(
-            events, previous, max_history=self._max_history, watermark_ms=watermark_ms or None, windows=self._windows
+        build = stream_histories(
+            (t for t in tables if not _is_history(t)),
+            previous,
+            max_history=self._max_history,
+            watermark_ms=watermark_ms or None,
+            windows=self._windows,
         )
-        self._write(build.histories, shard_path(self._output, HISTORIES, shard), HISTORY)
-        self._write(build.examples, shard_path(self._output, TRAINING_EXAMPLES, shard), TRAINING_EXAMPLE)
+        self._submit(write_table, build.histories, shard_path(self._output, HISTORIES, shard), HISTORY)
+        # The examples stream from the build's scratch files into Parquet as they are written.
+        self._submit(write_tables, build.examples, shard_path(self._output, TRAINING_EXAMPLES, shard), TRAINING_EXAMPLE)
         self._users.inc(build.histories.num_rows)
-        self._examples.inc(build.examples.num_rows)
+        self._examples.inc(build.num_examples)
         yield {
-            "events_valid": events.num_rows - build.duplicates - build.duplicates_previous,
+            "events_valid": build.events - build.duplicates - build.duplicates_previous,
             "duplicates": build.duplicates,
             "duplicates_previous": build.duplicates_previous,
             "evicted": build.evicted,
             "histories": build.histories.num_rows,
-            "training_examples": build.examples.num_rows,
+            "training_examples": build.num_examples,
             "shards_written": 1,
         }
 
-    def _write(self, table: pa.Table, path: str, layout: Layout) -> None:
-        self._pending.append(self._writer.submit(write_table, table, path, layout))
+    def _submit(self, write: Callable[..., str], *args: object) -> None:
+        self._pending.append(self._writer.submit(write, *args))
 
 
 class BuildHistories(beam.PTransform):

@@ -53,16 +53,17 @@ def write_one_user(path: Path, n: int) -> Path:
 
 
 _CHILD = """
-import json, resource, sys
+import json, os, resource, sys
 import pyarrow.parquet as pq
-from pipelines.features.histories import build_histories
-events = pq.read_table(sys.argv[1])
+from pipelines.features.histories import stream_histories
+source = pq.ParquetFile(sys.argv[1])
 read_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-build = build_histories(events, max_history=int(sys.argv[2]))
+build = stream_histories(source.iter_batches(batch_size=1 << 16), max_history=int(sys.argv[2]))
+examples = sum(table.num_rows for table in build.examples)
 print(json.dumps({
-    "events": events.num_rows, "input_bytes": events.nbytes, "read_kb": read_kb,
+    "events": source.metadata.num_rows, "file_bytes": os.path.getsize(sys.argv[1]), "read_kb": read_kb,
     "peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-    "examples": build.examples.num_rows, "evicted": build.evicted,
+    "examples": examples, "evicted": build.evicted,
 }))
 """
 
