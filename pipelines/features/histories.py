@@ -224,6 +224,7 @@ def _stream(
     merged = Spool(scratch, rows, "merged")
     for part in runs.merged():
         merged.append(_forward_slice(part, forward))
+    runs.discard()
     counts = _summed_counts(forward.counts)
     touched = counts.filter(pl.col("_new") > 0)
     watermark = _watermark(forward.newest_ms, prev, watermark_ms)
@@ -386,6 +387,7 @@ def _backward(
         kept.append(part.filter(pl.col("_kept")).select("user_id", *_EVENT_FIELDS))
         summaries.append(_evicted_summary(part))
         spool.append(examples.slice(part, first_user))
+    merged.discard()
     empty = _empty_merged().with_columns(pl.lit(True).alias("_kept"))
     kept.reverse()
     kept_events = pl.concat(kept) if kept else empty.select("user_id", *_EVENT_FIELDS)

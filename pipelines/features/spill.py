@@ -99,6 +99,15 @@ class Spool:
     def forward(self) -> Iterator[pl.DataFrame]:
         return self._batches(backward=False)
 
+    def discard(self) -> None:
+        """Drop what it holds, file included (it cannot be read after)."""
+        self._frames = []
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        if self._path is not None:
+            self._path.unlink(missing_ok=True)
+
     def backward(self) -> Iterator[pl.DataFrame]:
         """The record batches last to first (each batch's rows in their own order)."""
         return self._batches(backward=True)
@@ -187,6 +196,10 @@ class SortedRuns:
                 rests.append(head.filter(~cut))
             yield pl.concat(parts).sort(self._keys)
             heads = [c.take(rest) for c, rest in zip(cursors, rests, strict=True)]
+
+    def discard(self) -> None:
+        for run in self._runs:
+            run.discard()
 
 
 class RepeatedHashes:
