@@ -127,7 +127,7 @@ def test_rep_history_without_a_model_is_refused(tmp_path: Path) -> None:
     assert main(argv) == 2
 
 
-def _halves(lines: list[bytes]) -> tuple[list[bytes], list[bytes], int]:
+def halves(lines: list[bytes]) -> tuple[list[bytes], list[bytes], int]:
     """The topic's lines cut at the median event time, each half in event-time order (malformed
     lines first), and the time they are cut at: the second half only adds later events."""
     timed: list[tuple[int, bytes]] = []
@@ -146,7 +146,7 @@ def test_a_stream_in_two_runs_appends_what_precompute_backfills_on_replayed_hist
     kafka: KafkaConnection, make_topic: MakeTopic, tmp_path: Path, prism: str
 ) -> None:
     lines, candidates, model = world_with_model(tmp_path)
-    first, second, middle = _halves(lines)
+    first, second, middle = halves(lines)
     topic, group, out = make_topic(2), f"g-{uuid.uuid4().hex[:8]}", tmp_path / "stream"
     cmd = stream_cmd(topic, group, out, "--idle-exit", "3", "--model", str(model), "--rep-history", str(N_STREAM))
     for half in (first, second):  # the second run meets every user afresh: their rows come from the files
