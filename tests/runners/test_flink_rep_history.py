@@ -31,8 +31,8 @@ pytestmark = pytest.mark.integration
 def test_stream_on_flink_appends_to_the_keyed_rows_what_precompute_backfills(
     kafka: KafkaConnection,
     make_topic: MakeTopic,
-    own_flink: OwnFlink,
-    tmp_path: Path,  # noqa: F811
+    own_flink: OwnFlink,  # noqa: F811 - the fixture imported above
+    tmp_path: Path,
 ) -> None:
     lines, candidates, model = world_with_model(tmp_path)
     first, second, middle = halves(lines)
