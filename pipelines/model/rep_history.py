@@ -14,7 +14,7 @@ Layout (``pipelines.schemas.layouts.REP_HISTORY``): one row per user, ``events``
 user's stored history list.
 
 A stream (``stream --rep-history N``) appends to each user's row as events arrive (new events
-only, :mod:`pipelines.streaming.rep_history`); :func:`read_rep_history` reads either output, the
+only, :mod:`pipelines.streaming.rep_history`); :func:`latest_rep_history` reads either output, the
 newest row of each user.
 """
 
@@ -40,8 +40,8 @@ __all__ = [
     "compute_rep_history",
     "events_needed",
     "latest_events",
+    "latest_rep_history",
     "newest_rep_rows",
-    "read_rep_history",
     "rep_history_layout",
     "rep_history_table",
     "rep_sequences",
@@ -191,7 +191,7 @@ def _rep_files(folder: str, shard: int | None) -> list[Path]:
     return parts + flushes
 
 
-def read_rep_history(folder: str, shard: int | None = None) -> pa.Table:
+def latest_rep_history(folder: str, shard: int | None = None) -> pa.Table:
     """The historical representations under ``folder/rep_history/`` (of one shard, or all), whether
     ``precompute --rep-history`` or ``stream --rep-history`` wrote them: the newest row of each user."""
     return newest_rep_rows([read_table(str(f), REP_HISTORY) for f in _rep_files(folder, shard)])

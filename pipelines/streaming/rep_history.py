@@ -13,7 +13,7 @@ The model's cost grows with the new events, not with the user's history or the u
 :class:`WriteRepHistoriesFn` writes a bundle's rows as one flush file per shard under
 ``OUTPUT/rep_history/`` (atomically) before it passes the histories and their acknowledgements
 on, so an offset is committed only once its event's representation is durable too.
-:func:`pipelines.model.rep_history.read_rep_history` reads them (the newest row per user), as it
+:func:`pipelines.model.rep_history.latest_rep_history` reads them (the newest row per user), as it
 reads a ``precompute --rep-history`` backfill.
 
 A late event (older than some stored ones) gets its representation as of its own time; the
@@ -44,7 +44,7 @@ from pipelines.model.rep_history import (
     REP_HISTORY_KIND,
     RepHistory,
     compute_rep_history,
-    read_rep_history,
+    latest_rep_history,
     rep_history_layout,
     rep_history_table,
     stored_reps,
@@ -117,7 +117,7 @@ class RepRows:
 
     @classmethod
     def load(cls, output: str, shard: int) -> RepRows:
-        return cls(read_rep_history(output, shard))
+        return cls(latest_rep_history(output, shard))
 
     def rows_of(self, users: list[int]) -> pa.Table:
         return self._table.take(pa.array([self._row[u] for u in users if u in self._row], pa.int64()))

@@ -22,7 +22,7 @@ from pipelines.cli import main
 from pipelines.errors import ConfigError
 from pipelines.io.kafka.config import KafkaConnection
 from pipelines.model import GemModel, HistoryIndex
-from pipelines.model.rep_history import compute_rep_history, latest_events, read_rep_history, stored_reps
+from pipelines.model.rep_history import compute_rep_history, latest_events, latest_rep_history, stored_reps
 from pipelines.streaming import rep_history as streamed
 from pipelines.streaming.config import StreamConfig
 from pipelines.streaming.rep_history import append_rep_history
@@ -181,7 +181,7 @@ def assert_rep_history_equals_precompute(
     argv += ["--output", str(batch), "--rep-history", str(N_STREAM), "--device", "cpu"]
     done = subprocess.run([sys.executable, "-m", "pipelines", *argv], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    got, want = read_rep_history(str(out)), read_rep_history(str(batch))
+    got, want = latest_rep_history(str(out)), latest_rep_history(str(batch))
     assert got.column("user_id").to_pylist() == want.column("user_id").to_pylist()
     assert got.num_rows == histories.num_rows
     for g, w in zip(got.column("events").to_pylist(), want.column("events").to_pylist(), strict=True):
