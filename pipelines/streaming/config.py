@@ -78,7 +78,7 @@ class StreamConfig:
                 "representations need both a model and a store",
                 "pass --model MODEL_DIR and --store URI together, or neither (or --model with --rep-history)",
             )
-        if self.candidates and self.model is None:
+        if self.candidates and (self.model is None or self.store is None):
             raise ConfigError(
                 "--candidates",
                 "candidate sets are only read to refresh pair representations",

@@ -123,6 +123,8 @@ def test_rep_history_without_a_model_is_refused(tmp_path: Path) -> None:
         StreamConfig(topic="t", output=str(tmp_path), group="g", rep_history=-1, model="m")
     # a model without a store is enough for historical representations (no refresh then)
     assert not StreamConfig(topic="t", output=str(tmp_path), group="g", rep_history=3, model="m").refresh
+    with pytest.raises(ConfigError, match="--candidates"):  # read only by the refresh, which needs a store
+        StreamConfig(topic="t", output=str(tmp_path), group="g", rep_history=3, model="m", candidates=("c",))
     argv = ["stream", "--topic", "t", "--group", "g", "--output", str(tmp_path / "o"), "--rep-history", "3"]
     assert main(argv) == 2
 
