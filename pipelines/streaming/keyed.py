@@ -17,8 +17,10 @@ is written and the changed row goes on with its (partition, offsets).
 :class:`WriteHistoriesFn` batches the changed rows of a bundle into one flush
 file per shard (the layout ``inspect``, ``features --previous`` and
 :func:`pipelines.streaming.state.latest_histories` read) and the optional
-histories topic, and only then emits the acknowledgements. So a flush costs the
-users its events touched, not the users the state holds.
+histories topic, and only then emits the acknowledgements; then it compacts the
+shards it wrote (:func:`pipelines.streaming.state.compact_shard`: any worker may,
+one at a time per shard). So a flush costs the users its events touched, not
+the users the state holds, and a shard's file count stays bounded.
 
 Processing-time timers are not used: the Flink 2.62 portable operator waits for
 pending ones when its input ends, forever (its ``flushData``), until Flink's 180 s
@@ -64,10 +66,10 @@ from pipelines.streaming.state import (
     OFFSET,
     PARTITION,
     ShardHistories,
-    flush_path,
+    append_flush,
+    compact_shard,
     latest_histories,
     merge_shard,
-    write_flush,
 )
 
 __all__ = ["AppendUserHistoryFn", "FirstSight", "WalltimeWatermark", "WriteHistoriesFn", "split_by_user"]
@@ -250,8 +252,9 @@ class WriteHistoriesFn(beam.DoFn):
         if not self._acks:
             return
         changed = pa.concat_tables([r.select(HISTORY.schema.names) for r in self._rows if r.num_rows] or [_EMPTY])
-        for shard, rows in split_by_shard(changed, self._config.num_shards):
-            write_flush(rows, flush_path(self._config.output, shard))
+        shards = split_by_shard(changed, self._config.num_shards)
+        for shard, rows in shards:
+            append_flush(rows, self._config.output, shard)
         if self._sink is not None and changed.num_rows:
             from pipelines.io.kafka.encode import histories_to_json
 
@@ -259,6 +262,8 @@ class WriteHistoriesFn(beam.DoFn):
             self._sink.flush()
         acks = [(p, np.concatenate(parts)) for p, parts in sorted(self._acks.items())]
         yield WindowedValue((changed, acks), self._stamp, (GlobalWindow(),))
+        for shard, _ in shards:  # after the output, which the fused refresh handles first
+            compact_shard(self._config.output, shard)
 
     def teardown(self) -> None:
         if self._sink is not None:

@@ -13,16 +13,37 @@ to the :class:`OffsetLedger` that decides what may be committed to Kafka.
 (the newest row of each user; a ``full-`` file, written by earlier versions,
 starts a shard's state); events after the committed offsets are read again,
 and the merge drops those already in a history (same event_id).
+
+Compaction (:func:`compact_shard`) keeps a shard's file count bounded. Each file
+covers a range of flush stamps ``[lo, hi]`` and has a *tier*: 0 for a flush, t+1
+for a merge of files of tier t. Whenever ``COMPACT_FANOUT`` files of one tier
+follow each other in time order, they are merged into one (each user's newest
+row, :func:`newest_rows`) named by their range: ``flush-<hi>-<rand>-t<tier>-<lo>``.
+So a shard holds at most ``(COMPACT_FANOUT - 1)`` files per tier and
+log_fanout(flushes) tiers, and each row is rewritten once per tier: a cost that
+grows with the events written, not with the users held.
+
+Why it is safe: a merged file sits at its newest input's place in time order and
+holds each user's newest row of its inputs, which are a run of consecutive files.
+So the merged file and its inputs give the same answer whether or not both are
+seen, and readers drop a file whose range another file covers (a crash between
+writing the merged file and removing its inputs leaves such files; the next
+compaction removes them). The run must hold *every* file stamped inside its
+range: writers take their stamp and rename under a shared lock on the shard
+(:func:`append_flush`), and the compaction lists the shard under the exclusive
+one, so a file written later has a later stamp. A reader that finds a listed file
+gone (merged meanwhile) lists again.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import re
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,26 +55,34 @@ import pyarrow.parquet as pq
 
 from pipelines.features.histories import build_histories
 from pipelines.io.parquet import conform, read_table
-from pipelines.io.shards import SHARD_DIR, SHARD_GLOB, shard_path
+from pipelines.io.shards import SHARD_DIR, SHARD_GLOB, shard_dir, shard_path
 from pipelines.io.snapshot import HISTORIES
 from pipelines.schemas.layouts import EVENT, HISTORY, Layout
 
 __all__ = [
+    "COMPACT_FANOUT",
+    "FlushFile",
     "OffsetLedger",
     "ShardHistories",
     "ShardMerge",
     "ShardStates",
+    "append_flush",
+    "compact_shard",
     "flush_path",
     "has_flush_files",
     "latest_histories",
     "merge_shard",
     "newest_rows",
+    "next_merge",
     "path_lock",
     "write_flush",
 ]
 
 #: :class:`ShardHistories` compacts its chunks once it holds this many.
 MAX_FLUSH_FILES = 256
+
+#: A shard's files of one tier are merged into one once this many follow each other.
+COMPACT_FANOUT = 4
 
 #: Columns the stream adds to EVENT tables so that flushed events can be acknowledged.
 PARTITION, OFFSET = "_partition", "_offset"
@@ -121,22 +150,86 @@ def flush_path(
     return shard_path(output, folder, shard, f"{kind}-{stamp:020d}-{uuid.uuid4().hex[:8]}.parquet")
 
 
-def _stamp(path: Path) -> str:
-    return path.name.split("-", 1)[1]  # "<ns>-<rand>.parquet": time order across both kinds
+#: A flush's place in time: (ns, the random tag of its name), unique even where two clocks agree.
+Stamp = tuple[int, str]
+
+#: A legacy ``full-`` file (a shard's whole state) never merges: no run of them ever forms.
+_FULL_TIER = 1 << 20
+_NAME = re.compile(r"(flush|full)-(\d{20})-([0-9a-f]+)(?:-t(\d+)-(\d{20})-([0-9a-f]+))?\.parquet")
+
+
+@dataclass(frozen=True)
+class FlushFile:
+    """One file of a shard's state: it holds the flushes stamped ``lo``..``hi``, merged ``tier`` times over."""
+
+    path: Path
+    lo: Stamp
+    hi: Stamp
+    tier: int
+
+    @classmethod
+    def parse(cls, path: Path) -> FlushFile | None:
+        """The file named ``path`` (None for a name no writer of this module gives)."""
+        found = _NAME.fullmatch(path.name)
+        if found is None:
+            return None
+        kind, hi_ns, hi_tag, tier, lo_ns, lo_tag = found.groups()
+        hi = (int(hi_ns), hi_tag)
+        if kind == "full":  # the whole state at `hi`: covers everything before it
+            return cls(path, (0, ""), hi, _FULL_TIER)
+        return cls(path, (int(lo_ns), lo_tag) if tier else hi, hi, int(tier or 0))
+
+
+def _merged_name(inputs: Sequence[FlushFile]) -> str:
+    (lo_ns, lo_tag), (hi_ns, hi_tag) = min(f.lo for f in inputs), max(f.hi for f in inputs)
+    return f"flush-{hi_ns:020d}-{hi_tag}-t{inputs[0].tier + 1}-{lo_ns:020d}-{lo_tag}.parquet"
+
+
+def _time_order(files: Sequence[FlushFile]) -> list[FlushFile]:
+    return sorted(files, key=lambda f: (f.hi, f.tier, f.path.name))
+
+
+def _uncovered(files: Sequence[FlushFile]) -> tuple[list[FlushFile], list[FlushFile]]:
+    """(the files that make up the state, in time order; those another file covers: its range
+    holds theirs, and is wider or of a higher tier)."""
+    kept: list[FlushFile] = []
+    covered: list[FlushFile] = []
+    top: FlushFile | None = None  # of the files seen so far (lo <= this one's), the one reaching furthest
+    for f in sorted(sorted(files, key=lambda f: (f.hi, f.tier), reverse=True), key=lambda f: f.lo):
+        if top is not None and (f.hi < top.hi or (f.hi == top.hi and (top.lo < f.lo or top.tier > f.tier))):
+            covered.append(f)
+            continue
+        kept.append(f)
+        if top is None or f.hi > top.hi:
+            top = f
+    return _time_order(kept), covered
+
+
+def _listing(output: str, shard: int | None) -> list[FlushFile]:
+    where = SHARD_DIR.format(shard) if shard is not None else SHARD_GLOB
+    found = (FlushFile.parse(p) for p in Path(output, HISTORIES).glob(f"{where}/*.parquet"))
+    return [f for f in found if f is not None]
 
 
 def _shard_files(output: str, shard: int | None) -> list[Path]:
-    """The files that make up the current state: the newest ``full-`` file and every flush after it."""
-    where = SHARD_DIR.format(shard) if shard is not None else SHARD_GLOB
-    files = [p for p in Path(output, HISTORIES).glob(f"{where}/*.parquet") if p.name.startswith(("flush-", "full-"))]
-    by_shard: dict[str, list[Path]] = {}
-    for f in sorted(files, key=_stamp):
-        by_shard.setdefault(f.parent.name, []).append(f)
-    chosen: list[Path] = []
-    for group in by_shard.values():
-        fulls = [i for i, f in enumerate(group) if f.name.startswith("full-")]
-        chosen += group[fulls[-1] :] if fulls else group
-    return sorted(chosen, key=_stamp)
+    """The files that make up the current state (of one shard, or all), in time order: every file
+    no other covers (a merged file covers its inputs, a ``full-`` file everything before it)."""
+    by_shard: dict[Path, list[FlushFile]] = {}
+    for f in _listing(output, shard):
+        by_shard.setdefault(f.path.parent, []).append(f)
+    return [f.path for f in _time_order([f for group in by_shard.values() for f in _uncovered(group)[0]])]
+
+
+def _read_current(output: str, shard: int | None, skip: int = 0) -> tuple[list[Path], list[pa.Table]]:
+    """The current files and their tables (from the ``skip``-th file on); lists again when a
+    listed file was merged away meanwhile (each retry means a compaction finished)."""
+    for _ in range(1000):
+        files = _shard_files(output, shard)
+        try:
+            return files, [read_table(str(f), HISTORY) for f in files[skip:]]
+        except FileNotFoundError:
+            continue
+    raise RuntimeError(f"{output}: shard {shard}'s files kept changing while being read")
 
 
 def has_flush_files(output: str) -> bool:
@@ -242,12 +335,12 @@ class ShardStates:
 
     def open(self, output: str, shard: int) -> ShardHistories:
         """The shard's histories, up to date with its files (the object is this cache's: add nothing to it)."""
-        files = tuple(_shard_files(output, shard))
-        loaded = self._seen.get((output, shard))
-        if loaded is None or files[: len(loaded.files)] != loaded.files:
+        loaded = self._seen.get((output, shard)) or _Loaded()
+        listed, tables = _read_current(output, shard, len(loaded.files))
+        if tuple(listed[: len(loaded.files)]) != loaded.files:  # not an extension (e.g. merged): read it all
             loaded = _Loaded()
-        for f in files[len(loaded.files) :]:
-            table = read_table(str(f), HISTORY)
+            listed, tables = _read_current(output, shard)
+        for f, table in zip(listed[len(loaded.files) :], tables, strict=True):
             loaded.histories.add(table)
             loaded = _Loaded((*loaded.files, f), (*loaded.rows, table.num_rows), loaded.histories)
         self._seen[(output, shard)] = loaded
@@ -276,17 +369,121 @@ def write_flush(table: pa.Table, path: str, layout: Layout = HISTORY) -> str:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp")
-    with open(tmp, "wb") as f:
-        pq.write_table(conform(table, layout), f, compression="zstd")
-        f.flush()
-        os.fsync(f.fileno())
+    _write_synced(table, tmp, layout)
     os.replace(tmp, target)
     return str(target)
 
 
+def _write_synced(table: pa.Table, path: Path, layout: Layout = HISTORY) -> None:
+    with open(path, "wb") as f:
+        pq.write_table(conform(table, layout), f, compression="zstd")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+@contextmanager
+def _flocked(path: Path, mode: int) -> Iterator[bool]:
+    """``flock(mode)`` on ``path`` for the block; yields False when ``LOCK_NB`` found it held."""
+    with open(path, "a") as handle:
+        try:
+            fcntl.flock(handle, mode)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+#: In each shard's folder: held shared while a writer stamps and renames a flush file, exclusive
+#: while a compaction lists the shard; and held by the one compaction at work on the shard.
+_WRITERS, _COMPACTING = ".writers.lock", ".compact.lock"
+
+
+def append_flush(table: pa.Table, output: str, shard: int) -> str:
+    """Write ``table`` (HISTORY) as the shard's newest flush file: written and synced under a
+    temporary name, then stamped and renamed under the shard's writers' lock (see the module's doc)."""
+    folder = Path(shard_dir(output, HISTORIES, shard))
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".flush-{uuid.uuid4().hex}.tmp"
+    _write_synced(table, tmp)
+    with _flocked(folder / _WRITERS, fcntl.LOCK_SH):
+        path = flush_path(output, shard)
+        os.replace(tmp, path)
+    return path
+
+
+def next_merge(tiers: Sequence[int], fanout: int = COMPACT_FANOUT) -> tuple[int, int] | None:
+    """The files to merge next, as ``[start, stop)`` into ``tiers`` (the shard's files in time
+    order): the oldest run of at least ``fanout`` consecutive files of one tier; None if none."""
+    start = 0
+    for i in range(1, len(tiers) + 1):
+        if i == len(tiers) or tiers[i] != tiers[start]:
+            if i - start >= fanout:
+                return start, i
+            start = i
+    return None
+
+
+#: Test hook: called with ("merged", path) after the merged file is durable, ("removed", path)
+#: after each input is removed; raising there stands for a crash at that point.
+CompactHook = Callable[[str, Path], None]
+
+
+def compact_shard(output: str, shard: int, fanout: int = COMPACT_FANOUT, hook: CompactHook | None = None) -> list[str]:
+    """Merge the shard's runs of ``fanout`` files of one tier until none is left, and remove files
+    that a merged file covers (left by a crash). Skips (returns []) while another compaction of the
+    shard is at work. Returns the merged files written."""
+    folder = Path(shard_dir(output, HISTORIES, shard))
+    if not folder.is_dir():
+        return []
+    with _flocked(folder / _COMPACTING, fcntl.LOCK_EX | fcntl.LOCK_NB) as mine:
+        if not mine:
+            return []
+        with _flocked(folder / _WRITERS, fcntl.LOCK_EX):  # every file stamped so far is listed
+            files, covered = _uncovered(_listing(output, shard))
+        _remove(covered, hook)
+        written = []
+        while (run := next_merge([f.tier for f in files], fanout)) is not None:
+            inputs = files[run[0] : run[1]]
+            merged = _merge(inputs, folder, hook)
+            files[run[0] : run[1]] = [merged]
+            written.append(str(merged.path))
+        return written
+
+
+def _merge(inputs: Sequence[FlushFile], folder: Path, hook: CompactHook | None) -> FlushFile:
+    """One merged file for ``inputs`` (a run, in time order), made durable before they are removed."""
+    table = newest_rows([read_table(str(f.path), HISTORY) for f in inputs])
+    path = Path(write_flush(table, str(folder / _merged_name(inputs))))
+    _sync_dir(folder)
+    if hook is not None:
+        hook("merged", path)
+    _remove(inputs, hook)
+    merged = FlushFile.parse(path)
+    assert merged is not None
+    return merged
+
+
+def _remove(files: Sequence[FlushFile], hook: CompactHook | None) -> None:
+    for f in files:
+        f.path.unlink(missing_ok=True)
+        if hook is not None:
+            hook("removed", f.path)
+
+
+def _sync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def latest_histories(output: str, shard: int | None = None) -> pa.Table:
     """The newest row of each user over the flush files (of one shard, or all of them)."""
-    return newest_rows([read_table(str(f), HISTORY) for f in _shard_files(output, shard)])
+    return newest_rows(_read_current(output, shard)[1])
 
 
 def newest_rows(tables: list[pa.Table]) -> pa.Table:
