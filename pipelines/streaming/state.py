@@ -398,7 +398,7 @@ def _flocked(path: Path, mode: int) -> Iterator[bool]:
 
 #: In each shard's folder: held shared while a writer stamps and renames a flush file, exclusive
 #: while a compaction lists the shard; and held by the one compaction at work on the shard.
-_WRITERS, _COMPACTING = ".writers.lock", ".compact.lock"
+_WRITERS, _COMPACTING, _PENDING = ".writers.lock", ".compact.lock", ".compact.pending"
 
 
 def append_flush(table: pa.Table, output: str, shard: int) -> str:
@@ -433,24 +433,35 @@ CompactHook = Callable[[str, Path], None]
 
 def compact_shard(output: str, shard: int, fanout: int = COMPACT_FANOUT, hook: CompactHook | None = None) -> list[str]:
     """Merge the shard's runs of ``fanout`` files of one tier until none is left, and remove files
-    that a merged file covers (left by a crash). Skips (returns []) while another compaction of the
-    shard is at work. Returns the merged files written."""
+    that a merged file covers (left by a crash). Returns the merged files written.
+
+    One compaction at a time per shard: a call that finds another at work leaves a note
+    (``.compact.pending``, set before it tries) and returns; the one at work looks for the note
+    once it is done and goes again, so a flush is never left out of the next merge for long."""
     folder = Path(shard_dir(output, HISTORIES, shard))
     if not folder.is_dir():
         return []
-    with _flocked(folder / _COMPACTING, fcntl.LOCK_EX | fcntl.LOCK_NB) as mine:
-        if not mine:
-            return []
-        with _flocked(folder / _WRITERS, fcntl.LOCK_EX):  # every file stamped so far is listed
-            files, covered = _uncovered(_listing(output, shard))
-        _remove(covered, hook)
-        written = []
-        while (run := next_merge([f.tier for f in files], fanout)) is not None:
-            inputs = files[run[0] : run[1]]
-            merged = _merge(inputs, folder, hook)
-            files[run[0] : run[1]] = [merged]
-            written.append(str(merged.path))
-        return written
+    pending, written = folder / _PENDING, []
+    pending.touch()
+    while pending.exists():
+        with _flocked(folder / _COMPACTING, fcntl.LOCK_EX | fcntl.LOCK_NB) as mine:
+            if not mine:
+                break
+            pending.unlink(missing_ok=True)
+            written += _compact(folder, output, shard, fanout, hook)
+    return written
+
+
+def _compact(folder: Path, output: str, shard: int, fanout: int, hook: CompactHook | None) -> list[str]:
+    with _flocked(folder / _WRITERS, fcntl.LOCK_EX):  # every file stamped so far is listed
+        files, covered = _uncovered(_listing(output, shard))
+    _remove(covered, hook)
+    written = []
+    while (run := next_merge([f.tier for f in files], fanout)) is not None:
+        merged = _merge(files[run[0] : run[1]], folder, hook)
+        files[run[0] : run[1]] = [merged]
+        written.append(str(merged.path))
+    return written
 
 
 def _merge(inputs: Sequence[FlushFile], folder: Path, hook: CompactHook | None) -> FlushFile:
