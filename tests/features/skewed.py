@@ -83,3 +83,21 @@ def build_peak(path: Path, max_history: int = 4096, threads: int = 2) -> dict:
         env=env,
     )
     return json.loads(done.stdout)
+
+
+_COMMAND = """
+import json, resource, sys
+from pipelines.cli import main
+code = main(["features", "--input", sys.argv[1], "--output", sys.argv[2], "--num-shards", "1"])
+print(json.dumps({"code": code, "peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+"""
+
+
+def command_peak(path: Path, output: Path, threads: int = 2) -> dict:
+    """Run the whole ``features`` command (local runner, one shard) on ``path`` in a fresh child;
+    its exit code and peak RSS (KiB)."""
+    env = {**os.environ, "POLARS_MAX_THREADS": str(threads)}
+    done = subprocess.run(
+        [sys.executable, "-c", _COMMAND, str(path), str(output)], check=True, capture_output=True, text=True, env=env
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])

@@ -147,6 +147,22 @@ def test_existing_snapshot_needs_overwrite(tmp_path: Path, capsys) -> None:
     assert _features("--input", str(src), "--output", str(tmp_path / "o"), "--overwrite") == 0
 
 
+def test_events_cross_the_shuffle_as_scratch_files_that_the_commit_never_holds(tmp_path: Path) -> None:
+    from pipelines.features.pipeline import WRITER
+    from pipelines.features.transforms import SCRATCH
+    from pipelines.io.snapshot import open_snapshot
+
+    src = _write_jsonl(tmp_path / "e.jsonl", _good_lines(200))
+    assert _features("--input", str(src), "--output", str(tmp_path / "o"), "--num-shards", "3") == 0
+    assert not (tmp_path / "o" / SCRATCH).exists()
+    snapshot = open_snapshot(str(tmp_path / "o"), flag="--input", writer=WRITER)
+    try:
+        assert snapshot.files("histories") and not snapshot.files(SCRATCH, ".arrow")
+    finally:
+        snapshot.release()
+    assert sum(len(e) for e in _histories(tmp_path / "o").column("events").to_pylist()) == 200
+
+
 @pytest.mark.integration
 def test_large_elements_lose_nothing_at_group_by_key(tmp_path: Path) -> None:
     """Lab note: multi_threading lost events at GroupByKey with large elements; the shipped mode must not."""
