@@ -10,9 +10,9 @@ splittable DoFn). :class:`AppendUserHistoryFn` holds, per user:
 - an **event-time** timer at the first buffered event's stamp + ``flush_interval_s``.
 
 When the watermark passes the timer (or the input ends), the buffer is merged
-into the history with the same pure merge as the batch job
-(:func:`pipelines.streaming.state.merge_shard`: late events go to their place by
-event time, duplicates by event_id are dropped, the history is capped), the state
+into the history by :func:`pipelines.streaming.user_merge.merge_user`, one user's
+merge equal to the batch job's (late events go to their place by event time,
+duplicates by event_id are dropped, the history is capped), the state
 is written and the changed row goes on with its (partition, offsets).
 :class:`WriteHistoriesFn` batches the changed rows of a bundle into one flush
 file per shard (the layout ``inspect``, ``features --previous`` and
@@ -69,8 +69,8 @@ from pipelines.streaming.state import (
     append_flush,
     compact_shard,
     latest_histories,
-    merge_shard,
 )
+from pipelines.streaming.user_merge import merge_user
 
 __all__ = ["AppendUserHistoryFn", "FirstSight", "WalltimeWatermark", "WriteHistoriesFn", "split_by_user"]
 
@@ -211,15 +211,15 @@ class AppendUserHistoryFn(beam.DoFn):
         if previous is None:  # first sight (a fresh job): the flush files hold its history so far
             previous = _FIRST_SIGHT.row_of(self._config.output, _shard_of(events, self._config.num_shards), user)
             _record_new_user()
-        merged = merge_shard(events, previous, max_history=self._config.max_history)
-        history.write(merged.state)
-        _record_flush(time.perf_counter() - started, merged.changed)
+        row = merge_user(events, previous, max_history=self._config.max_history)
+        history.write(row)
+        _record_flush(time.perf_counter() - started, row)
         partitions, offsets = events.column(PARTITION).to_numpy(), events.column(OFFSET).to_numpy()
         acks = [(int(p), offsets[partitions == p]) for p in np.unique(partitions)]
         if self._reps is None:
-            yield merged.changed, acks
+            yield row, acks
         else:
-            yield merged.changed, acks, self._reps.append(user, previous, merged.changed, reps)
+            yield row, acks, self._reps.append(user, previous, row, reps)
 
 
 def _shard_of(events: pa.Table, num_shards: int) -> int:
