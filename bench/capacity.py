@@ -11,8 +11,8 @@ per wall second: on a shared machine the wall clock counts the neighbours' work 
   over a fresh topic on the project's broker holding the same events;
 - solaris: pairs per CPU-second of ``python -m pipelines solaris`` draining a topic of candidate
   sets (bench/capacity_solaris.py: two runs of different sizes, so start-up cancels out);
-- stream: not measured by this bench (a long-running job on Kafka); the file carries the figure
-  the capacity page uses and where it comes from;
+- stream: events per CPU-second of ``python -m pipelines stream`` (Prism, histories only) draining
+  a topic (bench/capacity_stream.py: two runs of different sizes, so start-up cancels out);
 - history bytes per user at 256 / 4,096 / 65,536 events (generated events re-keyed so each
   user has exactly that many, built by ``build_histories``, written as HISTORY Parquet);
 - Parquet bytes per event (the generator's events file);
@@ -45,6 +45,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from bench.capacity_solaris import measure_solaris
+from bench.capacity_stream import measure_stream
 from bench.common import ROOT, WORK, generate, result
 
 T = TypeVar("T")
@@ -242,11 +243,10 @@ def measure_index() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     return sizes, qps, resolver
 
 
-def carried(replay: dict[str, Any] | None) -> dict[str, Any]:
-    """Figures this bench does not measure, with their source (the capacity page marks them)."""
+def carried(name: str) -> dict[str, Any]:
+    """A figure this bench could not measure (no broker), with its source (the capacity page marks it)."""
     return {
-        "replay_events_per_core": replay
-        or figure(
+        "replay_events_per_core": figure(
             114_000 / 2,
             "events/s per core",
             "NOT MEASURED HERE (no broker): DESIGN §7 Flink 2.1M events with one EXTERNAL pool, 114k events/s "
@@ -255,10 +255,10 @@ def carried(replay: dict[str, Any] | None) -> dict[str, Any]:
         "stream_events_per_core": figure(
             5_000 / 2,
             "events/s per core",
-            "NOT MEASURED HERE: DESIGN §7 streaming histories on Prism held 5,000 events/s (lag p99 4.4 s) on "
-            "2 cores; a floor (the rate offered, not the most it holds)",
+            "NOT MEASURED HERE (no broker): DESIGN §7 streaming histories on Prism held 5,000 events/s (lag p99 "
+            "4.4 s) on 2 cores; a floor (the rate offered, not the most it holds)",
         ),
-    }
+    }[name]
 
 
 def main() -> None:
@@ -272,6 +272,7 @@ def main() -> None:
     precompute = measure_precompute()
     print(f"precompute: {precompute}", flush=True)
     solaris = measure_solaris() if replay is not None else None  # None: no broker answered
+    stream = measure_stream() if replay is not None else None
     sizes, qps, resolver = measure_index()
     print(f"index: {sizes} {qps} resolver {resolver}", flush=True)
     out = {
@@ -285,7 +286,8 @@ def main() -> None:
         "precompute_pairs_per_core": precompute,
         "solaris_pairs_per_core": solaris
         or {**precompute, "how": "NOT MEASURED HERE (no broker): the same model handler per pair; precompute's figure"},
-        **carried(replay),
+        "replay_events_per_core": replay or carried("replay_events_per_core"),
+        "stream_events_per_core": stream or carried("stream_events_per_core"),
         "history_bytes_per_user": history_bytes(events),
         "parquet_bytes_per_event": parquet_bytes_per_event(events),
         "store_bytes_per_record": store_bytes(),
@@ -296,14 +298,14 @@ def main() -> None:
     }
     OUT.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {OUT}")
-    measured = 8 + 2 * (replay is not None)  # features, (replay, solaris,) precompute, bytes x4, index q/s, resolver
-    not_here = 1 + 2 * (replay is None)  # stream (, replay, solaris)
+    measured = 8 + 3 * (replay is not None)  # features, precompute, bytes x4, index, resolver; replay, solaris, stream
+    not_here = 3 * (replay is None)  # replay, solaris, stream
     result(
         "capacity",
         measured / (measured + not_here),
         1.0,
-        f"share of the per-unit costs measured by this bench (stream{'' if replay else ', replay, solaris'} "
-        f"carried from other runs); "
+        "share of the per-unit costs measured by this bench"
+        f"{'' if replay else ' (replay, solaris and stream carried from other runs: no broker)'}; "
         f"written to {OUT.relative_to(ROOT)} at load {load[0]:.1f}; make capacity renders the page",
     )
 

@@ -2,7 +2,8 @@
 
 :func:`flink_missing` and :func:`spark_missing` say why an engine cannot run here (a bench then
 prints ``SKIP <name> <why>`` instead of failing); :class:`HarnessCpu` samples the CPU seconds of
-the SDK worker processes (the worker pool's children) while a job runs.
+the SDK worker processes (the worker pool's children), or of any other set of processes (e.g. a
+job's process tree, :func:`tree_pids`), while a job runs.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -62,13 +64,25 @@ def harness_pids() -> list[str]:
     return found
 
 
-class HarnessCpu:
-    """Samples, every ``interval_s`` while the ``with`` block runs, the CPU seconds of each SDK worker
-    process that was not there when it began (its last sample: a worker gone at the job's end
-    loses at most one interval)."""
+def tree_pids(root: int) -> list[str]:
+    """``root`` and every process below it (by parent pid), as /proc names."""
+    parents = {entry.name: _ppid(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()}
+    tree, grew = {str(root)}, True
+    while grew:
+        below = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= below
+        grew = bool(below)
+    return sorted(tree & (parents.keys() | {str(root)}))
 
-    def __init__(self, interval_s: float = 0.25) -> None:
+
+class HarnessCpu:
+    """Samples, every ``interval_s`` while the ``with`` block runs, the CPU seconds of each process
+    ``pids()`` names (default: the SDK worker processes) that was not there when it began (its last
+    sample: a process gone at the job's end loses at most one interval)."""
+
+    def __init__(self, interval_s: float = 0.25, pids: Callable[[], list[str]] = harness_pids) -> None:
         self.interval_s = interval_s
+        self.pids = pids
         self.seconds: dict[str, float] = {}
         self.parents: dict[str, str] = {}
         self._before: set[str] = set()
@@ -76,7 +90,7 @@ class HarnessCpu:
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
     def __enter__(self) -> HarnessCpu:
-        self._before = set(harness_pids())
+        self._before = set(self.pids())
         self._thread.start()
         return self
 
@@ -86,7 +100,7 @@ class HarnessCpu:
         self._read()
 
     def _read(self) -> None:
-        for pid in harness_pids():
+        for pid in self.pids():
             if pid in self._before:
                 continue
             cpu = _cpu_seconds(pid)
