@@ -220,16 +220,41 @@ def _shard_files(output: str, shard: int | None) -> list[Path]:
     return [f.path for f in _time_order([f for group in by_shard.values() for f in _uncovered(group)[0]])]
 
 
-def _read_current(output: str, shard: int | None, skip: int = 0) -> tuple[list[Path], list[pa.Table]]:
-    """The current files and their tables (from the ``skip``-th file on); lists again when a
-    listed file was merged away meanwhile (each retry means a compaction finished)."""
+def _read_current(
+    output: str, shard: int | None, held: Callable[[list[Path]], int] = lambda listed: 0
+) -> tuple[list[Path], int, list[pa.Table]]:
+    """The current files, how many of them a reader already holds (``held``) and the tables of the
+    others; lists again when a listed file was merged away meanwhile (each retry means a compaction
+    finished)."""
     for _ in range(1000):
         files = _shard_files(output, shard)
+        skip = held(files)
         try:
-            return files, [read_table(str(f), HISTORY) for f in files[skip:]]
+            return files, skip, [read_table(str(f), HISTORY) for f in files[skip:]]
         except FileNotFoundError:
             continue
     raise RuntimeError(f"{output}: shard {shard}'s files kept changing while being read")
+
+
+def _held(seen: Sequence[Path], listed: Sequence[Path]) -> int | None:
+    """How many leading files of ``listed`` a state read from ``seen`` (in order) holds already, when
+    adding the others in order brings it up to date; None when it must be read from the start.
+
+    The others must all reach past every seen file (a new flush, or a merge that takes in the newest
+    seen file: its rows are the newest of its inputs, so it goes on top), and every seen file gone
+    must lie inside a listed one (merged into it)."""
+    old, now = [FlushFile.parse(p) for p in seen], [FlushFile.parse(p) for p in listed]
+    if not old:
+        return 0
+    k, known = 0, set(seen)
+    while k < len(listed) and listed[k] in known:
+        k += 1
+    newest = max((f.hi for f in old if f is not None), default=None)
+    gone = [f for f in old if f is None or f.path not in set(listed)]
+    if newest is None or any(f is None or f.hi < newest or f.path in known for f in now[k:]):
+        return None
+    inside = [any(m is not None and m.lo <= g.lo and g.hi <= m.hi for m in now) for g in gone if g is not None]
+    return k if all(inside) and None not in gone else None
 
 
 def has_flush_files(output: str) -> bool:
@@ -315,19 +340,16 @@ class ShardHistories:
 @dataclass
 class _Loaded:
     files: tuple[Path, ...] = ()
-    rows: tuple[int, ...] = ()  # rows of each file
     histories: ShardHistories = field(default_factory=ShardHistories)
 
 
 class ShardStates:
     """Each shard's current histories, kept in memory between the flushes of this process.
 
-    The shard's files stay the truth: :meth:`open` (call it under :func:`shard_lock`)
-    lists them and reads only those it has not seen yet, so a flush costs a
-    directory listing instead of re-reading the shard's flush files, which would
-    be most of a flush's time. A file it did not write (another process, a
-    restarted job, an out-of-order name) makes it read the new files, or all of
-    them when the listing no longer extends what it saw.
+    The shard's files stay the truth: :meth:`open` lists them and reads only what it does not
+    hold yet: the new flush files, and a merged file that takes in the newest file it had read
+    (see :func:`_held`); anything else (a file out of time order, a file gone unmerged) makes it
+    read the shard again.
     """
 
     def __init__(self) -> None:
@@ -336,15 +358,20 @@ class ShardStates:
     def open(self, output: str, shard: int) -> ShardHistories:
         """The shard's histories, up to date with its files (the object is this cache's: add nothing to it)."""
         loaded = self._seen.get((output, shard)) or _Loaded()
-        listed, tables = _read_current(output, shard, len(loaded.files))
-        if tuple(listed[: len(loaded.files)]) != loaded.files:  # not an extension (e.g. merged): read it all
-            loaded = _Loaded()
-            listed, tables = _read_current(output, shard)
-        for f, table in zip(listed[len(loaded.files) :], tables, strict=True):
-            loaded.histories.add(table)
-            loaded = _Loaded((*loaded.files, f), (*loaded.rows, table.num_rows), loaded.histories)
-        self._seen[(output, shard)] = loaded
-        return loaded.histories
+        again = False
+
+        def held(listed: list[Path]) -> int:
+            nonlocal again
+            skip = _held(loaded.files, listed)
+            again = skip is None
+            return skip or 0
+
+        listed, _, tables = _read_current(output, shard, held)
+        histories = ShardHistories() if again else loaded.histories
+        for table in tables:
+            histories.add(table)
+        self._seen[(output, shard)] = _Loaded(tuple(listed), histories)
+        return histories
 
     def load(self, output: str, shard: int) -> tuple[pa.Table, int]:
         """(the shard's HISTORY state as one table, how many files it spans)."""
@@ -359,9 +386,7 @@ class ShardStates:
         """Record that ``path`` was written with ``rows`` (with ``full``: the shard's whole state)."""
         loaded = _Loaded() if full else self._seen.get((output, shard), _Loaded())
         loaded.histories.add(rows)
-        self._seen[(output, shard)] = _Loaded(
-            (*loaded.files, Path(path)), (*loaded.rows, rows.num_rows), loaded.histories
-        )
+        self._seen[(output, shard)] = _Loaded((*loaded.files, Path(path)), loaded.histories)
 
 
 def write_flush(table: pa.Table, path: str, layout: Layout = HISTORY) -> str:
@@ -494,7 +519,7 @@ def _sync_dir(folder: Path) -> None:
 
 def latest_histories(output: str, shard: int | None = None) -> pa.Table:
     """The newest row of each user over the flush files (of one shard, or all of them)."""
-    return newest_rows(_read_current(output, shard)[1])
+    return newest_rows(_read_current(output, shard)[2])
 
 
 def newest_rows(tables: list[pa.Table]) -> pa.Table:

@@ -14,7 +14,9 @@ import pyarrow as pa
 import pytest
 
 from pipelines.io.kafka.config import KafkaConnection
+from pipelines.io.parquet import read_table
 from pipelines.schemas.layouts import HISTORY
+from pipelines.streaming import state as state_module
 from pipelines.streaming.state import (
     COMPACT_FANOUT,
     FlushFile,
@@ -86,14 +88,48 @@ def test_the_merge_keeps_each_users_newest_row() -> None:
     assert newest_rows([newest_rows([a, b]), c]).equals(state)  # merging a run keeps its place in order
 
 
-def test_compacted_shards_read_like_every_flush_and_stay_bounded(tmp_path: Path) -> None:
-    out, readers = str(tmp_path), ShardStates()
+def _count_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    reads: list[str] = []
+
+    def counted(path: str, layout: object) -> pa.Table:
+        reads.append(path)
+        return read_table(path, layout)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(state_module, "read_table", counted)
+    return reads
+
+
+def test_compacted_shards_read_like_every_flush_and_stay_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out, reader, reads = str(tmp_path), ShardStates(), _count_reads(monkeypatch)
     for n, (changed, state) in enumerate(_flushes(5, 70), start=1):
         write_flush(changed, flush_path(out, 2, clock_ns=n))
         compact_shard(out, 2)
+        reads.clear()
+        assert reader.load(out, 2)[0].equals(state)  # a reader following the shard across merges ...
+        assert len(reads) == 1, reads  # ... reads the new flush, or the merge that took it in, only
         assert latest_histories(out, 2).equals(state)
-        assert readers.load(out, 2)[0].equals(state)  # a reader following the shard across merges
         assert len(list(tmp_path.glob("histories/shard=00002/*.parquet"))) == _digit_sum(n, COMPACT_FANOUT)
+
+
+def test_a_reader_reads_the_shard_again_after_a_file_out_of_order_or_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out, reader, reads = str(tmp_path), ShardStates(), _count_reads(monkeypatch)
+    flushes = _flushes(9, 5)
+    for n in (1, 2, 3, 5):
+        write_flush(flushes[n - 1][0], flush_path(out, 0, clock_ns=n))
+    assert reader.load(out, 0)[0].equals(latest_histories(out, 0))
+    write_flush(flushes[3][0], flush_path(out, 0, clock_ns=4))  # stamped before the newest one read
+    reads.clear()
+    loaded = reader.load(out, 0)
+    assert len(reads) == 5  # all again
+    assert loaded == (latest_histories(out, 0), 5)
+    compact_shard(out, 0)
+    assert reader.load(out, 0) == (latest_histories(out, 0), 1)
+    next(tmp_path.glob("histories/shard=00000/*.parquet")).unlink()  # gone, merged into nothing
+    assert reader.load(out, 0) == (HISTORY.schema.empty_table(), 0)
 
 
 def _file(name: str) -> FlushFile:
