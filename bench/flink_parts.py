@@ -3,19 +3,36 @@
 :func:`flink_missing` and :func:`spark_missing` say why an engine cannot run here (a bench then
 prints ``SKIP <name> <why>`` instead of failing); :class:`HarnessCpu` samples the CPU seconds of
 the SDK worker processes (the worker pool's children), or of any other set of processes (e.g. a
-job's process tree, :func:`tree_pids`), while a job runs.
+job's process tree, :func:`tree_pids`), while a job runs. :func:`own_flink` starts a Flink session
+cluster of the caller's own (free ports, its own state folder), shaped like ``make flink-up``'s,
+for a job that must not share the standing cluster (the Flink stream tests, ``stream-flat``).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import socket
+import subprocess
 import threading
 import time
-from collections.abc import Callable
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
-from pipelines.jobservers import JOB_ENDPOINT_KEY, WORKER_POOL_KEY, cluster_offers, default_spark_jar
+from pipelines.jobservers import (
+    JOB_ENDPOINT_KEY,
+    REPO,
+    WORKER_POOL_KEY,
+    cluster_offers,
+    default_flink_jar,
+    default_spark_jar,
+    versions,
+)
 
 FLINK_MASTER = "127.0.0.1:8081"
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -34,6 +51,110 @@ def flink_missing(master: str = FLINK_MASTER) -> str | None:
 
 def spark_missing() -> str | None:
     return None if default_spark_jar() else "no Spark job server jar (make spark-jobserver)"
+
+
+FLINK_SH = REPO / "scripts" / "flink.sh"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def flink_home() -> Path:
+    """The Flink home that ``make flink-up`` assembled (it may be missing: see :func:`own_flink_missing`)."""
+    return REPO / ".cache" / "flink" / f"flink-{versions().get('FLINK_MINOR', '1.19')}.0"
+
+
+def own_flink_missing() -> str | None:
+    """Why :func:`own_flink` cannot start a cluster here, or None."""
+    if not (flink_home() / ".assembled").is_file():
+        return f"no Flink home at {flink_home()} (make flink-up)"
+    if not default_flink_jar():
+        return "no Flink job server jar (make flink-jobserver)"
+    return None
+
+
+@dataclass(frozen=True)
+class OwnFlink:
+    """A Flink session cluster of the caller's own: its environment for ``scripts/flink.sh``, its
+    state folder (config, pid files, logs, checkpoints) and its REST address."""
+
+    env: dict[str, str]
+    state: Path
+    rest: str
+
+    def sh(self, command: str) -> None:
+        done = subprocess.run(["bash", str(FLINK_SH), command], env=self.env, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"scripts/flink.sh {command} failed: {done.stderr[-3000:]}")
+
+    def get(self, path: str) -> Any:
+        with urllib.request.urlopen(f"http://{self.rest}{path}", timeout=5) as answer:
+            return json.load(answer)
+
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        request = urllib.request.Request(
+            f"http://{self.rest}{path}", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return json.load(answer)
+
+    def cancel(self, jid: str) -> None:
+        request = urllib.request.Request(f"http://{self.rest}/jobs/{jid}?mode=cancel", method="PATCH")
+        with urllib.request.urlopen(request, timeout=10):
+            pass
+
+    def taskmanager_pid(self) -> int:
+        return int(self._pids("flink-gem-taskexecutor.pid")[0])
+
+    def _pids(self, name: str) -> list[str]:
+        path = self.state / "run" / name
+        return path.read_text().split() if path.is_file() else []
+
+    def work_pids(self) -> list[str]:
+        """The processes that do a job's work: the TaskManagers, the SDK worker pool and every
+        process below it (the SDK workers)."""
+        pool = self._pids("worker-pool.pid")
+        below = tree_pids(int(pool[0])) if pool else []
+        return sorted(set(self._pids("flink-gem-taskexecutor.pid")) | set(below))
+
+
+@contextmanager
+def own_flink(state: Path, slots: int = 1, **env: str) -> Iterator[OwnFlink]:
+    """A cluster of two TaskManagers of ``slots`` slots each, an SDK worker pool and a standing job
+    server on free ports, its files under ``state``; ``env``: more scripts/flink.sh settings. Stopped
+    (by pid) on exit."""
+    port = free_port()
+    full = os.environ | {
+        "FLINK_STATE": str(state),
+        "GEM_FLINK_HOME": str(flink_home()),
+        "FLINK_REST_PORT": str(port),
+        "FLINK_RPC_PORT": str(free_port()),
+        "FLINK_JOB_PORT": str(free_port()),
+        "FLINK_POOL_PORT": str(free_port()),
+        "FLINK_SLOTS": str(slots),
+        **env,
+    }
+    cluster = OwnFlink(full, state, f"127.0.0.1:{port}")
+    try:
+        cluster.sh("up")
+        yield cluster
+    finally:
+        cluster.sh("down")
+
+
+def cpu_seconds(pids: list[str]) -> dict[str, float]:
+    """The CPU seconds (user + system) each of ``pids`` has used so far (a process gone is left out)."""
+    found = {pid: _cpu_seconds(pid) for pid in pids}
+    return {pid: s for pid, s in found.items() if s is not None}
+
+
+def cpu_used(before: dict[str, float], after: dict[str, float]) -> float:
+    """The CPU seconds used between two :func:`cpu_seconds` readings: a process new in ``after``
+    counts whole, one gone from it counts nothing past ``before``."""
+    return sum(s - before.get(pid, 0.0) for pid, s in after.items())
 
 
 def _cpu_seconds(pid: str) -> float | None:

@@ -12,27 +12,24 @@ committed the whole topic the histories must equal a ``replay`` of the same offs
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bench.flink_parts import OwnFlink, own_flink_missing
+from bench.flink_parts import own_flink as own_flink_cluster
 from pipelines.io.kafka.config import KafkaConnection
-from pipelines.jobservers import REPO, default_flink_jar, versions
 from pipelines.store.redis_store import default_redis_url
 from pipelines.streaming.state import latest_histories
 from tests.conftest import require_redis
 from tests.fixtures.kafka import MakeTopic, produce
-from tests.runners.conftest import _free_port
 from tests.streaming.streams import (
     committed,
     generate,
@@ -47,60 +44,18 @@ from tests.streaming.streams import (
 from tests.streaming.test_stream_refresh import assert_store_equals_precompute, world_with_model
 
 pytestmark = pytest.mark.integration
-FLINK_SH = REPO / "scripts" / "flink.sh"
-
-
-@dataclass(frozen=True)
-class OwnFlink:
-    """A Flink session cluster of the test's own."""
-
-    env: dict[str, str]
-    state: Path
-    rest: str
-
-    def sh(self, command: str) -> None:
-        done = subprocess.run(["bash", str(FLINK_SH), command], env=self.env, capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr[-3000:]
-
-    def get(self, path: str) -> Any:
-        with urllib.request.urlopen(f"http://{self.rest}{path}", timeout=5) as answer:
-            return json.load(answer)
-
-    def post(self, path: str, body: dict[str, Any]) -> Any:
-        request = urllib.request.Request(
-            f"http://{self.rest}{path}", json.dumps(body).encode(), {"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(request, timeout=10) as answer:
-            return json.load(answer)
-
-    def taskmanager_pid(self) -> int:
-        return int((self.state / "run" / "flink-gem-taskexecutor.pid").read_text().split()[0])
 
 
 @pytest.fixture
 def own_flink(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnFlink]:
-    home = REPO / ".cache" / "flink" / f"flink-{versions().get('FLINK_MINOR', '1.19')}.0"
-    if not (home / ".assembled").is_file() or not default_flink_jar():
-        pytest.fail("no Flink home or job server jar: run `make flink-up` and `make flink-jobserver`")
-    state, port = tmp_path_factory.mktemp("own-flink"), _free_port()
-    env = os.environ | {
-        "FLINK_STATE": str(state),
-        "GEM_FLINK_HOME": str(home),
-        "FLINK_REST_PORT": str(port),
-        "FLINK_RPC_PORT": str(_free_port()),
-        "FLINK_JOB_PORT": str(_free_port()),
-        "FLINK_POOL_PORT": str(_free_port()),
-        "FLINK_SLOTS": "1",  # per TaskManager: a parallelism-2 job has a subtask on each
-        # a killed TaskManager is noticed within seconds, not the default 50 s
-        "FLINK_HEARTBEAT_INTERVAL_MS": "1000",
-        "FLINK_HEARTBEAT_TIMEOUT_MS": "10000",
-    }
-    cluster = OwnFlink(env, state, f"127.0.0.1:{port}")
-    cluster.sh("up")
-    try:
+    missing = own_flink_missing()
+    if missing:
+        pytest.fail(f"{missing}: run `make flink-up` and `make flink-jobserver`")
+    # one slot per TaskManager: a parallelism-2 job has a subtask on each; a killed TaskManager is
+    # noticed within seconds, not the default 50 s
+    heartbeat = {"FLINK_HEARTBEAT_INTERVAL_MS": "1000", "FLINK_HEARTBEAT_TIMEOUT_MS": "10000"}
+    with own_flink_cluster(tmp_path_factory.mktemp("own-flink"), slots=1, **heartbeat) as cluster:
         yield cluster
-    finally:
-        cluster.sh("down")
 
 
 def _flink_args(cluster: OwnFlink, checkpoint_ms: int = 2000, parallelism: int = 2) -> list[str]:
