@@ -106,6 +106,21 @@ class OwnFlink:
         with urllib.request.urlopen(request, timeout=10):
             pass
 
+    def runner_flags(self, parallelism: int = 2, checkpoint_ms: int = 2000) -> list[str]:
+        """The flags that run a ``pipelines`` command's job on this cluster."""
+        return [
+            "--runner=FlinkRunner",
+            f"--flink_master={self.rest}",
+            f"--parallelism={parallelism}",
+            f"--checkpointing_interval={checkpoint_ms}",
+            "--experiments=disable_logging_submission_environment",
+        ]
+
+    def running_job(self) -> str | None:
+        """The id of a RUNNING job, if any."""
+        running = [j["jid"] for j in self.get("/jobs/overview")["jobs"] if j["state"] == "RUNNING"]
+        return str(running[0]) if running else None
+
     def taskmanager_pid(self) -> int:
         return int(self._pids("flink-gem-taskexecutor.pid")[0])
 
