@@ -173,16 +173,14 @@ class RedisClusterStore(RedisStore):
             for i, key in enumerate(full):
                 groups.setdefault(key_slot(key), []).append(i)
             return full, groups
-        tags: dict[bytes, tuple[bytes, list[int]]] = {}
-        full = []
-        for i, key in enumerate(keys):
-            user = key[:8]
-            found = tags.get(user)
-            if found is None:
-                tag = b"%s{%d}" % (self._prefix, int.from_bytes(user, "big", signed=True))
-                found = tags[user] = (tag, groups.setdefault(key_slot(tag), []))
-            full.append(found[0] + key[8:])
-            found[1].append(i)
+        users = [key[:8] for key in keys]
+        tags = {u: b"%s{%d}" % (self._prefix, int.from_bytes(u, "big", signed=True)) for u in dict.fromkeys(users)}
+        full = [tags[u] + key[8:] for u, key in zip(users, keys, strict=True)]
+        if len(tags) == 1:  # one user's request: every key in one slot
+            return full, {key_slot(next(iter(tags.values()))): list(range(len(keys)))}
+        slot_of = {u: key_slot(tag) for u, tag in tags.items()}
+        for i, u in enumerate(users):
+            groups.setdefault(slot_of[u], []).append(i)
         return full, groups
 
     def _plan(self, groups: dict[int, list[int]], command: Callable[[list[int]], tuple[Any, ...]]) -> _Plan:
