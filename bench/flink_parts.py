@@ -128,6 +128,34 @@ class OwnFlink:
         path = self.state / "run" / name
         return path.read_text().split() if path.is_file() else []
 
+    def diagnosis(self, log_lines: int = 40) -> str:
+        """What a stuck job looks like from the cluster: each job's vertices with the records they
+        read and wrote, its checkpoint counts and latest failure, and the last warnings and errors
+        of the TaskManagers' and the worker pool's logs (a failed test's message shows it)."""
+        parts = []
+        for job in self.get("/jobs/overview")["jobs"]:
+            jid = job["jid"]
+            detail = self.get(f"/jobs/{jid}")
+            parts.append(f"job {jid} {job['state']} for {job['duration'] / 1000:.0f} s")
+            for vertex in detail.get("vertices", []):
+                m = vertex.get("metrics", {})
+                parts.append(
+                    f"  {vertex['status']:<9} read {m.get('read-records', '?'):>7} wrote"
+                    f" {m.get('write-records', '?'):>7}  {vertex['name'][:110]}"
+                )
+            checkpoints = self.get(f"/jobs/{jid}/checkpoints")
+            parts.append(f"  checkpoints {checkpoints.get('counts')}")
+            failed = (checkpoints.get("latest") or {}).get("failed")
+            if failed:
+                parts.append(f"  latest failed checkpoint: {failed.get('failure_message')}")
+        for path in sorted((self.state / "log").glob("*")):
+            if path.suffix in (".log", ".out") and ("taskexecutor" in path.name or "worker-pool" in path.name):
+                lines = path.read_text(errors="replace").splitlines()
+                noted = [line for line in lines if any(w in line for w in ("WARN", "ERROR", "Exception", "Error"))]
+                parts.append(f"--- {path.name}: last {log_lines} of {len(noted)} warnings/errors")
+                parts.extend(line[:400] for line in noted[-log_lines:])
+        return "\n".join(parts)
+
     def work_pids(self) -> list[str]:
         """The processes that do a job's work: the TaskManagers, the SDK worker pool and every
         process below it (the SDK workers)."""

@@ -9,9 +9,10 @@ ahead of what is durable (:class:`pipelines.streaming.state.OffsetLedger`).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ __all__ = ["CommitOffsetsFn", "CommitOnCheckpointFn", "WriteDeadLettersFn", "ope
 log = logging.getLogger(__name__)
 
 _DEAD_BLOCK = 100_000
+_COMMIT_TIMEOUT_MS = 10_000  # a commit that hangs fails, and is tried again
 _LEDGER = ReadModifyWriteStateSpec("ledger", PickleCoder())
 _COMMIT_AT_END = TimerSpec("commit_at_end", TimeDomain.WATERMARK)
 LEDGER, COMMIT_AT_END, KEY = beam.DoFn.StateParam(_LEDGER), beam.DoFn.TimerParam(_COMMIT_AT_END), beam.DoFn.KeyParam
@@ -120,7 +122,6 @@ class CommitOffsetsFn(beam.DoFn):
                 **self._connection.kafka_python(), group_id=self._config.group, enable_auto_commit=False
             )
         )
-        self._registered: dict[int, int] = {}  # partition -> the offset a pending finalization commits
 
     def process(self, element: tuple[int, np.ndarray], ledger: Any = LEDGER, end: Any = COMMIT_AT_END) -> None:
         partition, book = self._add(element, ledger, end)
@@ -156,7 +157,8 @@ class CommitOffsetsFn(beam.DoFn):
 
         tp = TopicPartition(self._config.topic, partition)
         try:
-            self._consumer.get().commit({tp: OffsetAndMetadata(offset, self._config.commit_metadata, -1)})
+            commit = {tp: OffsetAndMetadata(offset, self._config.commit_metadata, -1)}
+            self._consumer.get().commit(commit, timeout_ms=_COMMIT_TIMEOUT_MS)  # a timeout is a KafkaError
         except KafkaError as exc:  # broker away: the watch logs the outage once, and bounds it
             log.debug("%s/%s: commit of %d failed (%r); retrying later", tp.topic, partition, offset, exc)
             self._watch.failed(exc)
@@ -177,10 +179,22 @@ class CommitOnCheckpointFn(CommitOffsetsFn):
     ``notifyCheckpointComplete``). So a committed offset is both flushed to the files and
     covered by the runner's state: a restore from the last checkpoint never sits behind
     the group's offsets.
+
+    The callbacks of one partition share one :class:`_PartitionCommits` per worker process
+    (a partition is one key: one subtask, one process). The runner holds a bundle's DoFn
+    instance until its finalization, so several instances, finalized on several threads,
+    commit one partition: the shared record serializes their commits and keeps them in
+    order (an older offset never overwrites a newer one). A callback can also never come
+    (a finalization request lost between runner and worker): a registration not followed
+    by a commit within :attr:`REREGISTER_S` is registered again by the next
+    acknowledgement (the reader sends an empty one now and then on a quiet partition), so
+    the end of a topic is always committed.
     """
 
     #: The reader waits for the commits that checkpoints make.
     COMMITS_AT_END = False
+    #: A registration older than this, still uncommitted, is registered again.
+    REREGISTER_S = 5.0
 
     def process(  # type: ignore[override,unused-ignore]
         self,
@@ -194,15 +208,53 @@ class CommitOnCheckpointFn(CommitOffsetsFn):
         ledger.write(book)
 
     def _commit_when_checkpointed(self, partition: int, offset: int, finalizer: Any) -> None:
-        if offset <= self._registered.get(partition, -1):
+        shared = _partition_commits(self._connection, self._config, partition)
+        if not shared.should_register(offset, time.monotonic(), self.REREGISTER_S):
             return
-        self._registered[partition] = offset
 
         def commit() -> None:
-            if not self._send(partition, offset):  # the next acknowledgement or tick registers again
-                self._registered.pop(partition, None)
+            shared.commit(offset, lambda: self._send(partition, offset))
 
         finalizer.register(commit)
+
+
+class _PartitionCommits:
+    """One partition's commits in this process: the offset committed, the one registered (and
+    when), and a lock that puts the callbacks' commits in order."""
+
+    def __init__(self) -> None:
+        self.committed, self.registered, self.registered_at = -1, -1, 0.0
+        self._lock = threading.Lock()
+
+    def should_register(self, offset: int, now: float, stale_s: float) -> bool:
+        with self._lock:
+            if offset <= self.committed:
+                return False
+            if offset <= self.registered and now - self.registered_at < stale_s:
+                return False
+            self.registered, self.registered_at = max(offset, self.registered), now
+            return True
+
+    def commit(self, offset: int, send: Callable[[], bool]) -> None:
+        """``send()`` commits ``offset`` unless a later offset is already committed; a failed send
+        lets the next acknowledgement register again."""
+        with self._lock:
+            if offset <= self.committed:
+                return
+            if send():
+                self.committed = offset
+            else:
+                self.registered = -1
+
+
+_COMMITS: dict[tuple[str, str, str, int], _PartitionCommits] = {}
+_COMMITS_LOCK = threading.Lock()
+
+
+def _partition_commits(connection: KafkaConnection, config: StreamConfig, partition: int) -> _PartitionCommits:
+    key = (",".join(connection.bootstrap_servers), config.topic, config.group, partition)
+    with _COMMITS_LOCK:
+        return _COMMITS.setdefault(key, _PartitionCommits())
 
 
 @dataclass

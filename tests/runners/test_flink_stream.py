@@ -91,7 +91,10 @@ def _finish(job: subprocess.Popen[bytes], log: Path, cluster: OwnFlink, timeout:
         jobs = cluster.get("/jobs/overview")["jobs"]
         failures = {j["jid"]: cluster.get(f"/jobs/{j['jid']}/exceptions").get("root-exception") for j in jobs}
         tail = log.read_text()[-8000:]
-        pytest.fail(f"stream still running after {timeout} s; jobs {jobs}; exceptions {failures}\n{tail}")
+        pytest.fail(
+            f"stream still running after {timeout} s; exceptions {failures}\n"
+            f"{cluster.diagnosis()}\n--- the driver's log:\n{tail}"
+        )
 
 
 def _running_job(cluster: OwnFlink, job: subprocess.Popen[bytes], log: Path, deadline: float) -> str:
