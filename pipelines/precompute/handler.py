@@ -11,6 +11,7 @@ whole batch output alive.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 from collections.abc import Iterable, Mapping, Sequence
@@ -32,6 +33,12 @@ Batching = Literal["tokens", "count"]
 def element_tokens(element: Any) -> int:
     """Token cost of an element, keyed (``(key, GemBatch)``) or not."""
     return batch_tokens(element[1] if isinstance(element, tuple) else element)
+
+
+def capped_tokens(element: Any, budget: int) -> int:
+    """:func:`element_tokens`, at most ``budget``: ``BatchElements`` emits an empty batch before an
+    element heavier than its target, and an element over the budget is a batch of its own anyway."""
+    return min(element_tokens(element), budget)
 
 
 class GemModelHandler(ModelHandler[GemBatch, PredictionResult, GemModel]):
@@ -84,5 +91,5 @@ class GemModelHandler(ModelHandler[GemBatch, PredictionResult, GemModel]):
         return {
             "min_batch_size": self._token_budget,
             "max_batch_size": self._token_budget,
-            "element_size_fn": element_tokens,
+            "element_size_fn": functools.partial(capped_tokens, budget=self._token_budget),
         }

@@ -15,8 +15,8 @@ representations, commits. One graph, the same on Prism and Flink:
    them as flush files under ``rep_history/`` before anything goes on;
    ``WriteHistories`` writes a bundle's changed rows as one flush file per shard
    (atomically) and publishes them when asked; with a model and a store, ``Refresh``
-   (:class:`pipelines.streaming.refresh.RefreshFn`) writes their representations to the
-   online store; only then do their acknowledgements go on;
+   (Beam's RunInference with :class:`pipelines.streaming.refresh.RefreshModelHandler`)
+   writes their representations to the online store; only then do their acknowledgements go on;
 4. dead letters are written (Parquet, optional topic) and acknowledged likewise;
 5. ``CommitOffsets``, keyed by partition, commits to the group the first offset not yet
    durable (:class:`pipelines.streaming.state.OffsetLedger`); on Flink
@@ -52,7 +52,7 @@ from pipelines.io.kafka.outage import LazyClient, broker_watch
 from pipelines.streaming.acks import CommitOffsetsFn, CommitOnCheckpointFn, WriteDeadLettersFn
 from pipelines.streaming.config import StreamConfig
 from pipelines.streaming.keyed import AppendUserHistoryFn, WalltimeWatermark, WriteHistoriesFn, split_by_user
-from pipelines.streaming.refresh import RefreshFn
+from pipelines.streaming.refresh import Refresh
 from pipelines.streaming.state import OFFSET, PARTITION
 
 __all__ = ["PartitionStart", "StreamConfig", "build_stream", "start_offsets"]
@@ -260,7 +260,7 @@ def build_stream(
     appended = _append_histories(read["events"], config)
     flushed = appended | "WriteHistories" >> beam.ParDo(WriteHistoriesFn(connection, config))
     if config.refresh:
-        flushed = flushed | "Refresh" >> beam.ParDo(RefreshFn(config))
+        flushed = flushed | "Refresh" >> Refresh(config)
     acks = flushed | "FlushedAcks" >> beam.FlatMap(lambda done: done[1])
     written = read[DEAD] | "WriteDeadLetters" >> beam.ParDo(WriteDeadLettersFn(connection, config))
     commit = CommitOnCheckpointFn if config.checkpointed else CommitOffsetsFn

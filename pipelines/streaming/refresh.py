@@ -1,7 +1,8 @@
 """The streaming job's precompute step, inside the graph: flushed histories → representations in the store.
 
-With ``--model`` and ``--store``, :class:`RefreshFn` takes each batch of changed
-histories from ``WriteHistories`` (the rows with their acknowledgements), computes
+With ``--model`` and ``--store``, :class:`Refresh` (Beam's RunInference with
+:class:`RefreshModelHandler`) takes the changed histories from ``WriteHistories``
+(the rows with their acknowledgements, batched up to :data:`BATCH_ROWS` rows), computes
 the users' representations (:class:`pipelines.precompute.refresh.Refresher`:
 user-level rows, and pair rows for users with a recent candidate set from
 ``--candidates``), writes them to the store, and only then passes the
@@ -10,27 +11,27 @@ acknowledgements on. So an offset is committed once its event is in the history
 again and the merge (which drops them as duplicates) still hands their users here.
 
 The model, candidates and store are loaded once per worker process and shared by
-its threads (``apache_beam.utils.shared.Shared``, the mechanism RunInference uses
-for its shared model).
+its threads (RunInference's shared model handle).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import apache_beam as beam
 import pyarrow as pa
-from apache_beam.utils.shared import Shared
+from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInference
 
 from pipelines.streaming.config import StreamConfig
 
 if TYPE_CHECKING:  # imports torch: loaded on the worker, when the job starts
     from pipelines.precompute.refresh import RecentCandidates
 
-__all__ = ["RefreshFn", "load_recent_candidates", "open_refresh"]
+__all__ = ["Refresh", "RefreshModelHandler", "flushed_rows", "load_recent_candidates", "open_refresh"]
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ def load_recent_candidates(patterns: Sequence[str], ttl_s: float) -> RecentCandi
     return RecentCandidates.from_table(table, ttl_s=ttl_s, source=",".join(paths))
 
 
-def open_refresh(config: StreamConfig) -> Callable[[pa.Table], None]:
+def open_refresh(config: StreamConfig) -> Refreshing:
     """``refresh(histories)``: their representations, computed with ``config.model`` and written
     to ``config.store`` (the model, candidates and store are opened once, here)."""
     import torch
@@ -74,34 +75,87 @@ def open_refresh(config: StreamConfig) -> Callable[[pa.Table], None]:
             time.perf_counter() - started,
         )
 
-    return refresh
+    return Refreshing(refresh, model.model_version)
 
 
-class _Opened:
-    """``open_refresh``'s function, in a class so that ``Shared`` can hold it (weak references)."""
+class Refreshing:
+    """What RunInference loads once per worker process (``load_model``): ``open_refresh``'s function,
+    called by one thread at a time (the Refresher's ad catalog and the store client are not
+    thread-safe; torch uses the process's cores anyway)."""
 
-    def __init__(self, refresh: Callable[[pa.Table], None]) -> None:
-        self.refresh = refresh
+    def __init__(self, refresh: Callable[[pa.Table], None], model_version: str) -> None:
+        self._refresh, self.model_version = refresh, model_version
+        self._lock = threading.Lock()
+
+    def refresh(self, histories: pa.Table) -> None:
+        with self._lock:
+            self._refresh(histories)
 
 
-class RefreshFn(beam.DoFn):
-    """(changed histories, acks) → their representations written to the store → the acks."""
+#: Changed histories and the acknowledgements that wait for their representations.
+Flushed = tuple[pa.Table, Any]
+
+#: Rows of histories per call of the model handler; a bundle's smaller flushes are batched up to it.
+BATCH_ROWS = 2048
+
+
+def flushed_rows(element: Flushed) -> int:
+    """An element's weight for ``BatchElements``: its rows, at least 1 (acknowledgements alone still
+    count) and at most :data:`BATCH_ROWS`, so no element outweighs a batch (``BatchElements`` emits
+    an empty batch before an element heavier than its target)."""
+    return max(1, min(element[0].num_rows, BATCH_ROWS))
+
+
+class RefreshModelHandler(ModelHandler[Flushed, PredictionResult, Refreshing]):
+    """Beam RunInference's handler for the stream: a batch of flushed (histories, acks) → the users'
+    representations computed and written to the store → each element back, as the example of its
+    ``PredictionResult`` (so its acknowledgements go on only after the write)."""
 
     def __init__(self, config: StreamConfig) -> None:
+        super().__init__()
         self._config = config
-        self._shared = Shared()
 
-    def setup(self) -> None:
-        self._opened = self._shared.acquire(lambda: _Opened(open_refresh(self._config)), tag=self._config.output)
+    def load_model(self) -> Refreshing:
+        return open_refresh(self._config)
 
-    def process(self, element: tuple[pa.Table, Any]) -> Iterator[tuple[pa.Table, Any]]:
+    def run_inference(
+        self, batch: Sequence[Flushed], model: Refreshing, inference_args: dict[str, Any] | None = None
+    ) -> Iterable[PredictionResult]:
         from pipelines.streaming.metrics import shared_metrics
 
-        histories, acks = element
-        if histories.num_rows:
+        histories = [h for h, _ in batch if h.num_rows]
+        if histories:
+            merged = pa.concat_tables(histories)
             started = time.perf_counter()
-            self._opened.refresh(histories)
-            shared_metrics("stream").step("refresh", time.perf_counter() - started)
-            newest = histories.column("last_event_time").cast(pa.int64()).to_numpy()
-            shared_metrics("stream").fresh("event_to_user_rep", time.time() - newest / 1000.0)
-        yield histories, acks
+            model.refresh(merged)
+            metrics = shared_metrics("stream")
+            metrics.step("refresh", time.perf_counter() - started)
+            newest = merged.column("last_event_time").cast(pa.int64()).to_numpy()
+            metrics.fresh("event_to_user_rep", time.time() - newest / 1000.0)
+        return [PredictionResult(element, None, model_id=model.model_version) for element in batch]
+
+    def get_num_bytes(self, batch: Sequence[Flushed]) -> int:
+        return sum(h.nbytes for h, _ in batch)
+
+    def get_metrics_namespace(self) -> str:
+        return "stream_refresh"
+
+    def batch_elements_kwargs(self) -> Mapping[str, Any]:
+        return {"min_batch_size": BATCH_ROWS, "max_batch_size": BATCH_ROWS, "element_size_fn": flushed_rows}
+
+
+class Refresh(beam.PTransform):
+    """(changed histories, acks) → their representations in the store → the same elements, through
+    Beam's RunInference with :class:`RefreshModelHandler` (the model loaded once per worker process
+    and shared by its threads)."""
+
+    def __init__(self, config: StreamConfig) -> None:
+        super().__init__()
+        self._handler = RefreshModelHandler(config)
+
+    def expand(self, flushed: beam.PCollection) -> beam.PCollection:
+        return (
+            flushed
+            | "RunInference" >> RunInference(self._handler)
+            | "Written" >> beam.Map(lambda result: result.example)
+        )

@@ -102,3 +102,65 @@ def test_refresher_rejects_a_bad_budget(world: World) -> None:
     model = load_model(world.model, device="cpu")
     with pytest.raises(ValueError, match="token_budget"):
         Refresher(model, "v", token_budget=0)
+
+
+def _assert_batches(elements: list, kwargs: dict, name: int) -> None:
+    """Beam's BatchElements, with a handler's ``batch_elements_kwargs``, makes no empty batch of
+    ``elements`` and keeps each (``element[name]`` tells them apart) once."""
+    import apache_beam as beam
+    from apache_beam.testing.util import BeamAssertException, assert_that
+
+    def check(batches: list[list]) -> None:
+        if not all(batches) or sorted(e[name] for b in batches for e in b) != sorted(e[name] for e in elements):
+            raise BeamAssertException(f"batches of sizes {[len(b) for b in batches]}")
+
+    with beam.Pipeline("DirectRunner") as p:
+        batches = p | beam.Create(elements, reshuffle=False) | beam.BatchElements(**kwargs)
+        assert_that(batches, check)
+
+
+def test_no_batch_is_empty_when_an_element_outweighs_the_target(world: World) -> None:
+    """``BatchElements`` emits an empty batch before an element heavier than its target that comes
+    first in a bundle (an empty batch fails ``KeyedModelHandler``): both handlers cap an element's
+    weight at the target."""
+    from pipelines.precompute.handler import GemModelHandler
+    from pipelines.streaming.config import StreamConfig
+    from pipelines.streaming.refresh import BATCH_ROWS, RefreshModelHandler
+
+    batch = build_user_batch(HistoryIndex(world.histories), max_len=48)
+    heavy = (0, batch)  # every user's history in one element: over a 64-token budget
+    precompute = GemModelHandler(str(world.model), token_budget=64).batch_elements_kwargs()
+    _assert_batches([heavy, (1, batch.select(np.arange(1))), (2, batch.select(np.arange(1)))], dict(precompute), name=0)
+
+    big = pa.concat_tables([world.histories] * (BATCH_ROWS // world.histories.num_rows + 1))
+    assert big.num_rows > BATCH_ROWS
+    flushed = [(big, "b"), (world.histories.slice(0, 3), "a"), (world.histories.slice(0, 0), "c")]
+    config = StreamConfig(topic="t", group="g", output=str(world.root / "s"), model=str(world.model), store="lmdb:///x")
+    _assert_batches(flushed, dict(RefreshModelHandler(config).batch_elements_kwargs()), name=1)
+
+
+class _Recorder:
+    """A stand-in for the loaded refresh (what RunInference's ``load_model`` gives): records calls."""
+
+    model_version = "v-test"
+
+    def __init__(self) -> None:
+        self.calls: list[pa.Table] = []
+
+    def refresh(self, histories: pa.Table) -> None:
+        self.calls.append(histories)
+
+
+def test_the_stream_handler_refreshes_a_batch_once_and_gives_every_element_back(world: World) -> None:
+    from pipelines.streaming.config import StreamConfig
+    from pipelines.streaming.refresh import RefreshModelHandler
+
+    config = StreamConfig(topic="t", group="g", output=str(world.root / "s"), model=str(world.model), store="lmdb:///x")
+    handler, loaded = RefreshModelHandler(config), _Recorder()
+    h = world.histories
+    batch = [(h.slice(0, 2), ["acks-1"]), (h.slice(0, 0), ["tick"]), (h.slice(2, 3), ["acks-2"])]
+    results = list(handler.run_inference(batch, loaded))  # type: ignore[arg-type]
+    assert [r.example for r in results] == batch  # in order, the empty one too: its acks go on
+    assert len(loaded.calls) == 1 and loaded.calls[0].num_rows == 5
+    assert loaded.calls[0].column("user_id").to_pylist() == h.slice(0, 5).column("user_id").to_pylist()
+    assert list(handler.run_inference([(h.slice(0, 0), [])], loaded)) and len(loaded.calls) == 1  # type: ignore[arg-type]
