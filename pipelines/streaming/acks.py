@@ -220,14 +220,15 @@ class CommitOnCheckpointFn(CommitOffsetsFn):
 
 class _PartitionCommits:
     """One partition's commits in this process: the offset committed, the one registered (and
-    when), and a lock that puts the callbacks' commits in order."""
+    when); one lock puts the callbacks' sends in order, another guards the fields (so a bundle
+    that registers never waits on a send)."""
 
     def __init__(self) -> None:
         self.committed, self.registered, self.registered_at = -1, -1, 0.0
-        self._lock = threading.Lock()
+        self._fields, self._sending = threading.Lock(), threading.Lock()
 
     def should_register(self, offset: int, now: float, stale_s: float) -> bool:
-        with self._lock:
+        with self._fields:
             if offset <= self.committed:
                 return False
             if offset <= self.registered and now - self.registered_at < stale_s:
@@ -238,13 +239,16 @@ class _PartitionCommits:
     def commit(self, offset: int, send: Callable[[], bool]) -> None:
         """``send()`` commits ``offset`` unless a later offset is already committed; a failed send
         lets the next acknowledgement register again."""
-        with self._lock:
-            if offset <= self.committed:
-                return
-            if send():
-                self.committed = offset
-            else:
-                self.registered = -1
+        with self._sending:
+            with self._fields:
+                if offset <= self.committed:
+                    return
+            sent = send()
+            with self._fields:
+                if sent:
+                    self.committed = offset
+                else:
+                    self.registered = -1
 
 
 _COMMITS: dict[tuple[str, str, str, int], _PartitionCommits] = {}
