@@ -49,8 +49,8 @@ def load_recent_candidates(patterns: Sequence[str], ttl_s: float) -> RecentCandi
 
 
 def open_refresh(config: StreamConfig) -> Refreshing:
-    """``refresh(histories)``: their representations, computed with ``config.model`` and written
-    to ``config.store`` (the model, candidates and store are opened once, here)."""
+    """A :class:`Refreshing` whose ``refresh(histories)`` computes their representations with
+    ``config.model`` and writes them to ``config.store`` (model, candidates and store opened once, here)."""
     import torch
 
     from pipelines.model.checkpoint import load_model
