@@ -273,7 +273,7 @@ def exact_search_files(
     best_p = np.full((len(queries), k), -1, np.int64)
     start = 0
     for rows in iter_rows(path, EXACT_CHUNK_ROWS):
-        scores, found = ops.exact_search(np.asarray(rows, np.float32), queries, min(k, len(rows)), metric)
+        scores, found = ops.exact_search(rows, queries, min(k, len(rows)), metric)  # float32 there
         found = np.where(found >= 0, found + start, -1)
         start += len(rows)
         all_s, all_p = np.concatenate([best_s, scores], axis=1), np.concatenate([best_p, found], axis=1)

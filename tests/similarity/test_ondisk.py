@@ -99,6 +99,22 @@ def test_chunked_exact_search_equals_in_memory(
 ) -> None:
     path = tmp_path / "v.npy"
     np.save(path, sample[:N].astype(np.float16))
-    monkeypatch.setattr(ondisk, "CHUNK_ROWS", 1_000)  # several chunks
+    monkeypatch.setattr(ondisk, "EXACT_CHUNK_ROWS", 1_000)  # several chunks
     chunked = exact_search_files(path, sample[N:], 10, metric)[1]
     np.testing.assert_array_equal(chunked, ops.exact_search(sample[:N], sample[N:], 10, metric)[1])
+
+
+@pytest.mark.parametrize("metric", ["ip", "l2"])
+def test_exact_search_equals_a_numpy_reference(sample: np.ndarray, metric: ops.Metric) -> None:
+    """faiss's knn against scores computed by NumPy; past the rows, -1 positions."""
+    rows, queries = sample[:300], sample[N : N + 20]
+    if metric == "ip":
+        scores = queries @ rows.T
+        order = np.argsort(-scores, axis=1, kind="stable")
+    else:
+        scores = ((queries[:, None, :] - rows[None, :, :]) ** 2).sum(-1)
+        order = np.argsort(scores, axis=1, kind="stable")
+    got_scores, got = ops.exact_search(rows, queries, 10, metric)
+    np.testing.assert_array_equal(got, order[:, :10])
+    np.testing.assert_allclose(got_scores, np.take_along_axis(scores, order[:, :10], axis=1), rtol=1e-4, atol=1e-4)
+    assert (ops.exact_search(rows[:3], queries, 5, metric)[1][:, 3:] == -1).all()
