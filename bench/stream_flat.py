@@ -8,7 +8,9 @@ For each state size N (U, then 10U) one ``stream`` job reads a fresh topic:
 1. warm-up: N users' histories (WARM events each) are produced and the job runs until its group
    has committed them all (committed = flushed and checkpointed);
 2. measured: the same ACTIVE users (the first ones, in both states) get the same EVENTS events
-   each; the job runs until its group has committed them too.
+   each, produced in SPREAD_S equal slices one second apart (a steady stream, so that the phase
+   spans about SPREAD_S / CHECKPOINT_MS checkpoints, not the two or three one burst takes); the
+   job runs until its group has committed them too.
 
 Over the measured phase it reads the CPU seconds (utime + stime from /proc) of the cluster's work
 processes (the TaskManagers, the worker pool and its SDK workers) and the bytes of the
@@ -20,7 +22,7 @@ own CPU counts too, equally in both states.
 Prints ``RESULT stream-flat-cpu`` (CPU s per event, U / 10U), ``RESULT stream-flat-checkpoint``
 (bytes per checkpoint in the measured phase, U / 10U) and ``RESULT stream-flat`` (the smaller
 of the two), target 0.85 each; ``SKIP stream-flat <why>`` without a Flink home or job server jar.
-QUICK: U = 200; full: U = 1,000.
+QUICK: U = 200, spread over 10 s; full: U = 1,000, over 20 s.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ U = 200 if QUICK else 1_000
 WARM = 5 if QUICK else 4  # events per user in the warm-up
 ACTIVE = 100 if QUICK else 500  # users that get the measured events (the same in both states)
 EVENTS = 5 if QUICK else 10  # measured events per active user
+SPREAD_S = int(os.environ.get("SPREAD_S", 10 if QUICK else 20))  # seconds the measured events are spread over
 PARTITIONS = 2
 CHECKPOINT_MS = 2000
 DEADLINE_S = 600
@@ -87,6 +90,7 @@ class Cost:
     wall_s: float
     cpu_s: float
     checkpoints: list[dict[str, Any]]
+    by_vertex: dict[str, float]  # bytes per checkpoint each operator chain added, from the details kept
 
     @property
     def cpu_per_event(self) -> float:
@@ -107,7 +111,8 @@ class Cost:
             f"state of {self.users} users: {self.events} events in {self.wall_s:.1f} s, "
             f"{self.cpu_s:.1f} CPU s = {self.cpu_per_event * 1e3:.2f} CPU ms/event; {len(self.checkpoints)} "
             f"checkpoints added {self.checkpointed / 1e6:.2f} MB "
-            f"({self.per_checkpoint / 1e3:.1f} kB each), full state {full / 1e6:.2f} MB"
+            f"({self.per_checkpoint / 1e3:.1f} kB each), full state {full / 1e6:.2f} MB; by operator chain: "
+            + "; ".join(f"{b / 1e3:.1f} kB {name}" for name, b in sorted(self.by_vertex.items(), key=lambda v: -v[1]))
         )
 
 
@@ -115,6 +120,24 @@ def completed_checkpoints(cluster: OwnFlink, jid: str) -> dict[int, dict[str, An
     """The completed, non-savepoint checkpoints in the job's REST history, by id."""
     history = cluster.get(f"/jobs/{jid}/checkpoints").get("history", [])
     return {c["id"]: c for c in history if c["status"] == "COMPLETED" and not c.get("is_savepoint")}
+
+
+def added_by_vertex(cluster: OwnFlink, jid: str, ids: list[int]) -> dict[str, float]:
+    """The bytes each operator chain (its name, cut short) added per checkpoint, over those of ``ids``
+    whose details the JobManager still keeps (``web.checkpoints.history``, the last 10)."""
+    names = {v["id"]: v["name"][:60] for v in cluster.get(f"/jobs/{jid}").get("vertices", [])}
+    totals: dict[str, float] = {}
+    kept = 0
+    for i in ids:
+        try:
+            tasks = cluster.get(f"/jobs/{jid}/checkpoints/details/{i}").get("tasks", {})
+        except OSError:
+            continue  # no longer kept
+        kept += 1
+        for vertex, stats in tasks.items():
+            name = names.get(vertex, vertex)
+            totals[name] = totals.get(name, 0.0) + float(stats.get("checkpointed_size", 0))
+    return {name: b / kept for name, b in totals.items() if b} if kept else {}
 
 
 def committed_total(connection: KafkaConnection, topic: str, group: str) -> int:
@@ -183,13 +206,17 @@ def measure(cluster: OwnFlink, connection: KafkaConnection, users: int, work: Pa
         tick()
         before_ids = set(seen)
         began, before = time.perf_counter(), cpu_seconds(cluster.work_pids())
-        produce(connection, topic, measured)
+        for second, part in enumerate(np.array_split(np.arange(len(measured)), SPREAD_S)):
+            time.sleep(max(0.0, began + second - time.perf_counter()))
+            produce(connection, topic, [measured[i] for i in part])
+            tick()
         total = len(warm) + len(measured)
         wait(
             "the measured events committed", lambda: committed_total(connection, topic, group) >= total, job, log, tick
         )
         after, wall = cpu_seconds(cluster.work_pids()), time.perf_counter() - began
         tick()
+        by_vertex = added_by_vertex(cluster, jid[0], sorted(set(seen) - before_ids))
     finally:
         if jid:
             cluster.cancel(jid[0])
@@ -199,7 +226,7 @@ def measure(cluster: OwnFlink, connection: KafkaConnection, users: int, work: Pa
         delete_topics(connection, [topic])
         shutil.rmtree(out, ignore_errors=True)
     checkpoints = [c for i, c in sorted(seen.items()) if i not in before_ids]
-    return Cost(users, len(measured), wall, cpu_used(before, after), checkpoints)
+    return Cost(users, len(measured), wall, cpu_used(before, after), checkpoints, by_vertex)
 
 
 def main() -> None:

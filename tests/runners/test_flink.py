@@ -67,6 +67,7 @@ def test_local_cluster_keeps_state_in_rocksdb_with_incremental_checkpoints_under
     with urllib.request.urlopen(f"http://{FLINK_MASTER}/jobmanager/config", timeout=10) as answer:
         conf = {e["key"]: str(e["value"]) for e in json.load(answer)}
     assert (conf["state.backend.type"], conf["state.backend.incremental"]) == ("rocksdb", "true")
+    assert conf["state.backend.rocksdb.compaction.style"] == "UNIVERSAL"
     for key, leaf in (("state.checkpoints.dir", "checkpoints"), ("state.savepoints.dir", "savepoints")):
         assert conf[key].startswith("file:///") and conf[key].endswith(f"/.cache/flink/{leaf}"), conf[key]
 

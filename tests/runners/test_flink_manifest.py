@@ -46,6 +46,7 @@ def test_state_is_rocksdb_with_incremental_checkpoints_in_a_bucket(docs: dict[st
     assert spec["flinkVersion"] == f"v{versions()['FLINK_MINOR'].replace('.', '_')}"
     assert spec["image"] == f"flink:{versions()['FLINK_MINOR']}"
     assert (conf["state.backend.type"], conf["state.backend.incremental"]) == ("rocksdb", "true")
+    assert conf["state.backend.rocksdb.compaction.style"] == "UNIVERSAL"
     assert conf["state.checkpoints.dir"].startswith("s3://")
     assert conf["state.savepoints.dir"].startswith("s3://")
     assert spec["taskManager"]["replicas"] == 2
