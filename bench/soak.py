@@ -113,8 +113,11 @@ def main() -> None:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
     sent = int(samples[-1]["events"]) if samples else 0
-    lost, doubled, users_checked = _compare(connection, topic, out)
-    _report(samples, sent, produced_s, drained, (lost, doubled, users_checked))
+    check = compare(connection, topic, out)
+    during = [s for s in samples if s["t"] <= produced_s] or samples
+    warm, end = during[max(0, len(during) // 5 - 1)]["rss"], during[-1]["rss"]
+    rss = (end / max(warm, 1) - 1, f"RSS {warm / 2**20:,.0f} MiB after warm-up -> {end / 2**20:,.0f} MiB at the end")
+    report("soak", samples, sent, produced_s, drained, check, rss, "histories only")
     delete_topics(connection, [topic])
     shutil.rmtree(out, ignore_errors=True)
 
@@ -144,7 +147,7 @@ def _drain(port: int, samples: list[dict[str, float]], started: float) -> float:
     return float("inf")
 
 
-def _compare(connection: object, topic: str, out: Path) -> tuple[int, int, int]:
+def compare(connection: object, topic: str, out: Path) -> tuple[int, int, int]:
     """(events lost, events doubled, users) of the streamed histories against a replay of the topic."""
     import pyarrow.compute as pc
 
@@ -176,10 +179,23 @@ def _compare(connection: object, topic: str, out: Path) -> tuple[int, int, int]:
     return lost, doubled, len(b)
 
 
-def _report(
-    samples: list[dict[str, float]], sent: int, produced_s: float, drained: float, check: tuple[int, int, int]
+def report(
+    name: str,
+    samples: list[dict[str, float]],
+    sent: int,
+    produced_s: float,
+    drained: float,
+    check: tuple[int, int, int],
+    rss: tuple[float, str],
+    what: str,
+    asked: int = RATE,
 ) -> None:
+    """Print the lag over time and the figures, then ``RESULT <name>``. ``samples``: lag (messages),
+    lag_s (seconds) and t (seconds from the first produce); ``check``: (lost, doubled, users) from
+    :func:`compare`; ``rss``: (growth from the warm-up to the end, its text); ``asked``: the rate
+    the producer was asked for."""
     lost, doubled, users = check
+    growth, rss_text = rss
     during = [s for s in samples if s["t"] <= produced_s] or samples
     step = max(1, len(during) // 12)
     print(
@@ -189,26 +205,23 @@ def _report(
     )
     lag_s = np.array([s["lag_s"] for s in during])
     lag = np.array([s["lag"] for s in during])
-    warm, end = during[max(0, len(during) // 5 - 1)]["rss"], during[-1]["rss"]
-    growth = end / max(warm, 1) - 1
     p50, p99 = (float(np.percentile(lag_s, q)) for q in (50, 99))
     offered = sent / max(produced_s, 1e-9)  # what the producer achieved (at most RATE)
     held = p99 <= LAG_BOUND_S and not lost and not doubled
     rate_held = offered if held else sent / max(drained, 1e-9)
     print(
-        f"soak: {sent:,} events in {produced_s:.0f} s ({offered:,.0f}/s offered, {RATE:,}/s asked); lag seconds "
+        f"soak: {sent:,} events in {produced_s:.0f} s ({offered:,.0f}/s offered, {asked:,}/s asked); lag seconds "
         f"p50 {p50:.1f} p99 {p99:.1f} max {lag_s.max():.1f}, lag messages p99 {np.percentile(lag, 99):,.0f}; "
-        f"drained (lag 0) at {drained:.0f} s; RSS {warm / 2**20:,.0f} MiB after warm-up -> {end / 2**20:,.0f} MiB "
-        f"at the end ({growth:+.1%}, {'flat' if growth < 0.10 else 'grew'}); replay comparison over {users:,} "
-        f"users: {lost} events lost, {doubled} doubled",
+        f"drained (lag 0) at {drained:.0f} s; {rss_text} ({growth:+.1%}, {'flat' if growth < 0.10 else 'grew'}); "
+        f"replay comparison over {users:,} users: {lost} events lost, {doubled} doubled",
         flush=True,
     )
     result(
-        "soak",
+        name,
         rate_held / GOAL,
         1,
         f"{rate_held:,.0f} events/s {'held' if held else 'drained (not held)'} (lag p99 {p99:.1f} s, bound "
-        f"{LAG_BOUND_S:g} s; RSS {growth:+.1%}; {lost} lost, {doubled} doubled), goal {GOAL:,}/s, histories only",
+        f"{LAG_BOUND_S:g} s; RSS {growth:+.1%}; {lost} lost, {doubled} doubled), goal {GOAL:,}/s, {what}",
     )
 
 

@@ -1,0 +1,225 @@
+"""Soak on Flink: the streaming histories job at ``--parallelism 2`` under a steady events stream.
+
+The same soak as ``bench/soak.py`` (a generated world's events produced to a fresh 4-partition
+topic at SOAK_FLINK_RATE events/s for SECONDS, then a ``replay`` of the topic compared user by
+user: nothing lost or doubled), with ``python -m pipelines stream`` submitted to a Flink cluster
+of the bench's own (``bench/flink_parts.py`` ``own_flink``: two TaskManagers of one slot, an SDK
+worker pool, a standing job server, RocksDB, checkpoints every CHECKPOINT_MS).
+
+On Flink the job's metrics live in the workers, so the bench watches from the outside, every
+SAMPLE_S:
+
+- lag from Kafka: the messages between the group's committed offsets (committed only after the
+  flush and the checkpoint) and the partitions' ends, and the seconds since the oldest
+  uncommitted message was produced. That time is the first sample at which the partition's end
+  had passed the committed offset, so it can overstate a lag by up to SAMPLE_S, never understate it;
+- the RSS of every process of the cluster (JobManager, TaskManagers, job server, worker pool and
+  its SDK workers) from /proc; flat means each grows < 10% from the end of the warm-up (the
+  first 20% of the run) to the end.
+
+``RESULT soak-flink ratio=<rate held>/20000 target=1`` as ``bench/soak.py`` reports it (rate
+held: what the producer achieved when the lag p99 <= 5 s and nothing was lost or doubled, else
+the rate the job drained at). ``SKIP soak-flink <why>`` without a Flink home or job server jar.
+QUICK: 1,000 events/s for 60 s; full: SOAK_FLINK_RATE (default 2,000) for SOAK_SECONDS (600).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+# bench/kafka.py would shadow the kafka-python package: this folder must not be on the path.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+sys.path.insert(0, os.path.dirname(_HERE))
+
+from bench.common import QUICK, WORK, generate, kafka_connection  # noqa: E402
+from bench.flink_parts import OwnFlink, own_flink, own_flink_missing, tree_pids  # noqa: E402
+from bench.soak import BACKEND, compare, report  # noqa: E402
+
+if TYPE_CHECKING:
+    from kafka import KafkaConsumer
+
+NAME = "soak-flink"
+RATE = int(os.environ.get("SOAK_FLINK_RATE", 1_000 if QUICK else 2_000))
+SECONDS = int(os.environ.get("SOAK_SECONDS", 60 if QUICK else 600))
+PARTITIONS = 4
+CHECKPOINT_MS = 2000
+SAMPLE_S = 0.5
+DRAIN_S = 600
+
+
+class KafkaLag:
+    """The group's lag on the topic, read from Kafka: committed offsets against the partitions' ends,
+    and how long ago the oldest uncommitted message was produced (from the ends seen so far)."""
+
+    def __init__(self, consumer: KafkaConsumer, topic: str, started: float) -> None:
+        from kafka import TopicPartition
+
+        self.consumer = consumer
+        self.partitions = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        self.started = started
+        self.ends: list[tuple[float, dict[int, int]]] = []  # (t, end offset by partition) per sample
+
+    def sample(self) -> dict[str, float]:
+        t = time.time() - self.started
+        ends = {tp.partition: int(o) for tp, o in self.consumer.end_offsets(self.partitions).items()}
+        self.ends.append((t, ends))
+        committed = {tp.partition: self.consumer.committed(tp) or 0 for tp in self.partitions}
+        behind = [p for p in ends if committed[p] < ends[p]]
+        oldest = min((self._passed(p, committed[p]) for p in behind), default=t)
+        return {
+            "t": t,
+            "lag": float(sum(ends[p] - committed[p] for p in ends)),
+            "lag_s": t - oldest,
+            "events": float(sum(ends.values())),
+            "committed": float(sum(committed.values())),
+        }
+
+    def _passed(self, partition: int, offset: int) -> float:
+        """The first sample time at which ``partition``'s end was past ``offset``."""
+        return next(t for t, ends in self.ends if ends[partition] > offset)
+
+
+def cluster_pids(cluster: OwnFlink) -> dict[str, str]:
+    """Every process of the cluster by pid, named: its daemons and the worker pool's SDK workers."""
+    named = {}
+    for pidfile in sorted((cluster.state / "run").glob("*.pid")):
+        for pid in pidfile.read_text().split():
+            named[pid] = pidfile.stem.replace("flink-gem-", "")
+    pool = [p for p, name in named.items() if name == "worker-pool"]
+    for pid in tree_pids(int(pool[0])) if pool else []:
+        named.setdefault(pid, "sdk-worker")
+    return named
+
+
+def rss_bytes(pid: str) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def rss_growth(warm: dict[str, float], end: dict[str, float], names: dict[str, str]) -> tuple[float, str]:
+    """The largest growth of a process alive at both readings, and each process' readings as text."""
+    both = sorted(set(warm) & set(end), key=lambda p: names.get(p, p))
+    growth = {p: end[p] / max(warm[p], 1.0) - 1 for p in both}
+    text = "RSS after warm-up -> end: " + ", ".join(
+        f"{names.get(p, '?')} {p} {warm[p] / 2**20:,.0f} -> {end[p] / 2**20:,.0f} MiB ({growth[p]:+.0%})" for p in both
+    )
+    return max(growth.values(), default=0.0), text
+
+
+def main() -> None:
+    from kafka import KafkaConsumer
+
+    from pipelines.io.kafka.produce import delete_topics, ensure_topic
+
+    missing = own_flink_missing()
+    if missing:
+        print(f"SKIP {NAME} {missing}")
+        return
+    connection = kafka_connection()  # no broker: the fix, before the events are generated
+    total = RATE * SECONDS
+    users = max(1_000, total // (4 * 14))
+    events = generate(users, 14, WORK / "soak" / f"events-{users}x14.parquet")
+    work = WORK / NAME
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    topic = f"bench-soak-flink-{uuid.uuid4().hex[:8]}"
+    ensure_topic(connection, topic, PARTITIONS, configs={"retention.ms": "-1"})
+    out, log = work / topic, work / f"{topic}.log"
+    print(f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
+    consumer = KafkaConsumer(**connection.kafka_python(), group_id=topic, enable_auto_commit=False)
+    try:
+        with own_flink(work / "flink", slots=1) as cluster:
+            samples, rss, produced_s, drained = soak(cluster, connection.bootstrap, consumer, topic, events, out, log)
+    finally:
+        consumer.close()
+    load = " ".join(f"{v:.2f}" for v in os.getloadavg())
+    check = compare(connection, topic, out)
+    what = f"histories only, Flink p=2, checkpoints every {CHECKPOINT_MS} ms; load average at the end {load}"
+    report(NAME, samples, int(samples[-1]["events"]), produced_s, drained, check, rss, what, asked=RATE)
+    delete_topics(connection, [topic])
+    shutil.rmtree(out, ignore_errors=True)
+
+
+def soak(
+    cluster: OwnFlink, bootstrap: str, consumer: KafkaConsumer, topic: str, events: Path, out: Path, log: Path
+) -> tuple[list[dict[str, float]], tuple[float, str], float, float]:
+    """Run the job, produce for SECONDS, wait for the lag to reach 0; (samples, RSS growth and
+    text, seconds produced, seconds to drain)."""
+    cmd = [
+        *(sys.executable, "-m", "pipelines", "stream", "--topic", topic, "--group", topic, "--output", str(out)),
+        *("--num-shards", "4", "--flush-interval", "1", "--bootstrap-servers", bootstrap),
+        *cluster.runner_flags(checkpoint_ms=CHECKPOINT_MS),
+    ]
+    with log.open("wb") as sink:
+        job = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=sink, start_new_session=True)
+    try:
+        wait_running(cluster, job, log)
+        started = time.time()
+        lag = KafkaLag(consumer, topic, started)
+        producer = subprocess.Popen(
+            [sys.executable, "-m", "pipelines", "produce", "--input", str(events), "--topic", topic,
+             "--rate", str(RATE), "--no-progress", "--kafka-backend", BACKEND, "--bootstrap-servers", bootstrap],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        samples, readings = [], []
+        while producer.poll() is None and time.time() - started < SECONDS:
+            samples.append(lag.sample())
+            names = cluster_pids(cluster)
+            readings.append((samples[-1]["t"], {p: r for p in names if (r := rss_bytes(p)) is not None}))
+            time.sleep(SAMPLE_S)
+        producer.send_signal(signal.SIGINT)
+        producer.wait(timeout=120)
+        produced_s = time.time() - started
+        drained = drain(lag, samples, job, log)
+        names = cluster_pids(cluster)
+        warm = readings[max(0, len(readings) // 5 - 1)][1]
+        rss = rss_growth(warm, readings[-1][1], names)
+    finally:
+        if jid := cluster.running_job():
+            cluster.cancel(jid)
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait(timeout=30)
+    return samples, rss, produced_s, drained
+
+
+def wait_running(cluster: OwnFlink, job: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 180
+    while not cluster.running_job():
+        if job.poll() is not None:
+            sys.exit(f"error: the stream job exited ({job.returncode}) before it ran; see {log}")
+        if time.monotonic() > deadline:
+            sys.exit(f"error: the stream job was not RUNNING within 180 s; see {log}")
+        time.sleep(0.5)
+
+
+def drain(lag: KafkaLag, samples: list[dict[str, float]], job: subprocess.Popen[bytes], log: Path) -> float:
+    """Sample until every produced message is committed; seconds from the first produce to then."""
+    deadline = time.monotonic() + DRAIN_S
+    while time.monotonic() < deadline:
+        if job.poll() is not None:
+            sys.exit(f"error: the stream job exited ({job.returncode}) while draining; see {log}")
+        sample = lag.sample()
+        samples.append(sample)
+        if sample["lag"] == 0 and sample["events"] > 0:
+            return sample["t"]
+        time.sleep(SAMPLE_S)
+    return float("inf")
+
+
+if __name__ == "__main__":
+    main()
