@@ -9,8 +9,9 @@ For each state size N (U, then 10U) one ``stream`` job reads a fresh topic:
    has committed them all (committed = flushed and checkpointed);
 2. measured: the same ACTIVE users (the first ones, in both states) get the same EVENTS events
    each, produced in SPREAD_S equal slices one second apart (a steady stream, so that the phase
-   spans about SPREAD_S / CHECKPOINT_MS checkpoints, not the two or three one burst takes); the
-   job runs until its group has committed them too.
+   spans about SPREAD_S * 1000 / CHECKPOINT_MS checkpoints, not the two or three one burst
+   takes; the environment's SPREAD_S overrides it); the job runs until its group has committed
+   them too.
 
 Over the measured phase it reads the CPU seconds (utime + stime from /proc) of the cluster's work
 processes (the TaskManagers, the worker pool and its SDK workers) and the bytes of the
