@@ -159,9 +159,22 @@ class OwnFlink:
     def work_pids(self) -> list[str]:
         """The processes that do a job's work: the TaskManagers, the SDK worker pool and every
         process below it (the SDK workers)."""
-        pool = self._pids("worker-pool.pid")
-        below = tree_pids(int(pool[0])) if pool else []
-        return sorted(set(self._pids("flink-gem-taskexecutor.pid")) | set(below))
+        return sorted(
+            p for p, name in self.processes().items() if name in ("taskexecutor", "worker-pool", "sdk-worker")
+        )
+
+    def processes(self) -> dict[str, str]:
+        """Every process of the cluster by pid, named after its pid file (standalonesession,
+        taskexecutor, jobserver, worker-pool), and the worker pool's SDK workers (sdk-worker)."""
+        named = {
+            pid: f.stem.replace("flink-gem-", "")
+            for f in (self.state / "run").glob("*.pid")
+            for pid in f.read_text().split()
+        }
+        pool = [p for p, name in named.items() if name == "worker-pool"]
+        for pid in tree_pids(int(pool[0])) if pool else []:
+            named.setdefault(pid, "sdk-worker")
+        return named
 
 
 @contextmanager

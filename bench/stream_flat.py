@@ -151,13 +151,24 @@ def committed_total(connection: KafkaConnection, topic: str, group: str) -> int:
         consumer.close()
 
 
-def produce(connection: KafkaConnection, topic: str, messages: list[tuple[bytes, bytes]]) -> None:
+def produce(
+    connection: KafkaConnection,
+    topic: str,
+    messages: list[tuple[bytes, bytes]],
+    slices: int = 1,
+    then: Callable[[], None] = lambda: None,
+) -> None:
+    """``messages`` in ``slices`` equal parts one second apart, each flushed (then ``then()``), through one producer."""
     from pipelines.io.kafka.produce import open_sink
 
     sink = open_sink(connection, topic, "confluent")
+    began = time.perf_counter()
     try:
-        sink.send_many(messages)
-        sink.flush()
+        for second in range(slices):
+            time.sleep(max(0.0, began + second - time.perf_counter()))
+            sink.send_many(messages[second * len(messages) // slices : (second + 1) * len(messages) // slices])
+            sink.flush()
+            then()
     finally:
         sink.close()
 
@@ -207,10 +218,7 @@ def measure(cluster: OwnFlink, connection: KafkaConnection, users: int, work: Pa
         tick()
         before_ids = set(seen)
         began, before = time.perf_counter(), cpu_seconds(cluster.work_pids())
-        for second, part in enumerate(np.array_split(np.arange(len(measured)), SPREAD_S)):
-            time.sleep(max(0.0, began + second - time.perf_counter()))
-            produce(connection, topic, [measured[i] for i in part])
-            tick()
+        produce(connection, topic, measured, SPREAD_S, then=tick)
         total = len(warm) + len(measured)
         wait(
             "the measured events committed", lambda: committed_total(connection, topic, group) >= total, job, log, tick
