@@ -4,7 +4,8 @@ Produces a generated world's events to a fresh topic at SOAK_RATE events/s
 (``python -m pipelines produce --rate``) for SECONDS while ``python -m pipelines
 stream --metrics-port`` (Prism, 4 shards, flush every second) consumes it, and scrapes
 the job's ``/metrics`` every second: consumer lag (messages summed over partitions,
-seconds: the oldest uncommitted record) and RSS. Then, once the job has drained and
+seconds: the oldest uncommitted record) and RSS; the events sent are the topic's end offsets
+(the job's own records counter counts a redelivered read again). Then, once the job has drained and
 exited, it replays the same topic with ``python -m pipelines replay`` (batch) and
 compares every user's history: nothing lost or doubled means equal event ids per user.
 
@@ -27,7 +28,9 @@ import sys
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
@@ -37,6 +40,7 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 from bench.common import QUICK, WORK, generate, kafka_connection, result  # noqa: E402
+from bench.flink_parts import free_port  # noqa: E402
 
 GOAL = 20_000
 RATE = int(os.environ.get("SOAK_RATE", 5_000 if QUICK else GOAL))
@@ -44,14 +48,15 @@ SECONDS = int(os.environ.get("SOAK_SECONDS", 60 if QUICK else 600))
 LAG_BOUND_S = 5.0
 #: The producer's client: librdkafka when installed (kafka-python alone produced ~2,000 msg/s here).
 BACKEND = os.environ.get("SOAK_BACKEND", "confluent")
+PARTITIONS = 4
 
 
-def _scrape(port: int) -> dict[str, float]:
+def scrape(port: int) -> dict[str, float]:
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
-    out = {"lag": 0.0, "lag_s": 0.0, "rss": 0.0, "events": 0.0}
+    out = {"lag": 0.0, "lag_s": 0.0, "rss": 0.0}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name == "gem_consumer_lag_messages":
@@ -60,20 +65,12 @@ def _scrape(port: int) -> dict[str, float]:
                 out["lag_s"] = max(out["lag_s"], s.value)
             elif s.name == "process_resident_memory_bytes":
                 out["rss"] = s.value
-            elif s.name == "gem_records_total" and s.labels.get("kind") == "events":
-                out["events"] = s.value
     return out
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def main() -> None:
+    from kafka import KafkaConsumer
+
     from pipelines.io.kafka.produce import delete_topics, ensure_topic
 
     connection = kafka_connection()  # no broker: the fix, before the events are generated
@@ -82,8 +79,8 @@ def main() -> None:
     users = max(1_000, total // (4 * 14))
     events = generate(users, 14, WORK / "soak" / f"events-{users}x14.parquet")
     topic = f"bench-soak-{uuid.uuid4().hex[:8]}"
-    ensure_topic(connection, topic, 4, configs={"retention.ms": "-1"})
-    out, port = WORK / "soak" / topic, _free_port()
+    ensure_topic(connection, topic, PARTITIONS, configs={"retention.ms": "-1"})
+    out, port = WORK / "soak" / topic, free_port()
     common = ["--bootstrap-servers", bootstrap]
     job = subprocess.Popen(
         [
@@ -93,8 +90,9 @@ def main() -> None:
         stdout=subprocess.DEVNULL, stderr=open(WORK / "soak" / f"{topic}.log", "wb"), start_new_session=True,
     )  # fmt: skip
     samples: list[dict[str, float]] = []
+    consumer = KafkaConsumer(**connection.kafka_python(), enable_auto_commit=False)
     try:
-        _wait_for_endpoint(port, job)
+        wait_for_endpoint(port, job)
         started = time.time()
         producer = subprocess.Popen(
             [sys.executable, "-m", "pipelines", "produce", "--input", str(events), "--topic", topic,
@@ -102,14 +100,15 @@ def main() -> None:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         while producer.poll() is None and time.time() - started < SECONDS:
-            samples.append(_scrape(port) | {"t": time.time() - started})
+            samples.append(scrape(port) | {"t": time.time() - started, "events": produced(consumer, topic)})
             time.sleep(1.0)
         producer.send_signal(signal.SIGINT)
         producer.wait(timeout=120)
         produced_s = time.time() - started
-        drained = _drain(port, samples, started)
+        drained = drain(port, samples, started, lambda: produced(consumer, topic))
         job.wait(timeout=300)
     finally:
+        consumer.close()
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
     sent = int(samples[-1]["events"]) if samples else 0
@@ -122,29 +121,38 @@ def main() -> None:
     shutil.rmtree(out, ignore_errors=True)
 
 
-def _wait_for_endpoint(port: int, job: subprocess.Popen) -> None:
+def wait_for_endpoint(port: int, job: subprocess.Popen) -> None:
     deadline = time.time() + 180
     while time.time() < deadline:
         if job.poll() is not None:
             sys.exit("the streaming job exited before serving metrics (see out/bench/soak/*.log)")
         try:
-            _scrape(port)
+            scrape(port)
             return
         except OSError:
             time.sleep(0.5)
     sys.exit("the streaming job served no metrics within 180 s")
 
 
-def _drain(port: int, samples: list[dict[str, float]], started: float) -> float:
-    """Scrape until the lag is 0 again; seconds from the start to then."""
+def drain(port: int, samples: list[dict[str, float]], started: float, sent: Callable[[], float]) -> float:
+    """Scrape until the lag is 0 again with something sent; seconds from the start to then. ``sent``: the
+    events sent so far (:func:`produced`)."""
     deadline = time.time() + 600
     while time.time() < deadline:
-        sample = _scrape(port) | {"t": time.time() - started}
+        sample = scrape(port) | {"t": time.time() - started, "events": sent()}
         samples.append(sample)
         if sample["lag"] == 0 and sample["events"] > 0:
             return sample["t"]
         time.sleep(1.0)
     return float("inf")
+
+
+def produced(consumer: Any, topic: str, partitions: int = PARTITIONS) -> float:
+    """Messages in ``topic`` so far (a fresh topic: its partitions' end offsets). The job's own
+    ``gem_records_total`` would count a redelivered read again."""
+    from kafka import TopicPartition
+
+    return float(sum(consumer.end_offsets([TopicPartition(topic, p) for p in range(partitions)]).values()))
 
 
 def compare(connection: object, topic: str, out: Path) -> tuple[int, int, int]:

@@ -6,16 +6,14 @@ user: nothing lost or doubled), with ``python -m pipelines stream`` submitted to
 of the bench's own (``bench/flink_parts.py`` ``own_flink``: two TaskManagers of one slot, an SDK
 worker pool, a standing job server, RocksDB, checkpoints every CHECKPOINT_MS).
 
-On Flink the job's metrics live in the workers, so the bench watches from the outside, every
-SAMPLE_S:
-
-- lag from Kafka: the messages between the group's committed offsets (committed only after the
-  flush and the checkpoint) and the partitions' ends, and the seconds since the oldest
-  uncommitted message was produced. That time is the first sample at which the partition's end
-  had passed the committed offset, so it can overstate a lag by up to SAMPLE_S, never understate it;
-- the RSS of every process of the cluster (JobManager, TaskManagers, job server, worker pool and
-  its SDK workers) from /proc; flat means each grows < 10% from the end of the warm-up (the
-  first 20% of the run) to the end.
+The lag comes from where it comes on Prism: the submitting process's ``/metrics``
+(``--metrics-port``), whose lag monitor (:mod:`pipelines.streaming.lag`) reads the group's
+committed offsets (committed only after the flush and the checkpoint) and the age of the first
+uncommitted record from Kafka. The job's other metrics live in the workers, so the bench reads
+two things itself, every SAMPLE_S: the events sent (the topic's end offsets) and the RSS of every
+process of the cluster (JobManager, TaskManagers, job server, worker pool and its SDK workers)
+from /proc; flat means each grows < 10% from the end of the warm-up (the first 20% of the run)
+to the end. ``--idle-exit`` ends the job once the topic is committed, as on Prism.
 
 ``RESULT soak-flink ratio=<rate held>/20000 target=1`` as ``bench/soak.py`` reports it (rate
 held: what the producer achieved when the lag p99 <= 5 s and nothing was lost or doubled, else
@@ -41,8 +39,8 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 sys.path.insert(0, os.path.dirname(_HERE))
 
 from bench.common import QUICK, WORK, generate, kafka_connection  # noqa: E402
-from bench.flink_parts import OwnFlink, own_flink, own_flink_missing, tree_pids  # noqa: E402
-from bench.soak import BACKEND, compare, report  # noqa: E402
+from bench.flink_parts import OwnFlink, free_port, own_flink, own_flink_missing  # noqa: E402
+from bench.soak import BACKEND, compare, drain, produced, report, scrape, wait_for_endpoint  # noqa: E402
 
 if TYPE_CHECKING:
     from kafka import KafkaConsumer
@@ -52,52 +50,7 @@ RATE = int(os.environ.get("SOAK_FLINK_RATE", 1_000 if QUICK else 2_000))
 SECONDS = int(os.environ.get("SOAK_SECONDS", 60 if QUICK else 600))
 PARTITIONS = 4
 CHECKPOINT_MS = 2000
-SAMPLE_S = 0.5
-DRAIN_S = 600
-
-
-class KafkaLag:
-    """The group's lag on the topic, read from Kafka: committed offsets against the partitions' ends,
-    and how long ago the oldest uncommitted message was produced (from the ends seen so far)."""
-
-    def __init__(self, consumer: KafkaConsumer, topic: str, started: float) -> None:
-        from kafka import TopicPartition
-
-        self.consumer = consumer
-        self.partitions = [TopicPartition(topic, p) for p in range(PARTITIONS)]
-        self.started = started
-        self.ends: list[tuple[float, dict[int, int]]] = []  # (t, end offset by partition) per sample
-
-    def sample(self) -> dict[str, float]:
-        t = time.time() - self.started
-        ends = {tp.partition: int(o) for tp, o in self.consumer.end_offsets(self.partitions).items()}
-        self.ends.append((t, ends))
-        committed = {tp.partition: self.consumer.committed(tp) or 0 for tp in self.partitions}
-        behind = [p for p in ends if committed[p] < ends[p]]
-        oldest = min((self._passed(p, committed[p]) for p in behind), default=t)
-        return {
-            "t": t,
-            "lag": float(sum(ends[p] - committed[p] for p in ends)),
-            "lag_s": t - oldest,
-            "events": float(sum(ends.values())),
-            "committed": float(sum(committed.values())),
-        }
-
-    def _passed(self, partition: int, offset: int) -> float:
-        """The first sample time at which ``partition``'s end was past ``offset``."""
-        return next(t for t, ends in self.ends if ends[partition] > offset)
-
-
-def cluster_pids(cluster: OwnFlink) -> dict[str, str]:
-    """Every process of the cluster by pid, named: its daemons and the worker pool's SDK workers."""
-    named = {}
-    for pidfile in sorted((cluster.state / "run").glob("*.pid")):
-        for pid in pidfile.read_text().split():
-            named[pid] = pidfile.stem.replace("flink-gem-", "")
-    pool = [p for p, name in named.items() if name == "worker-pool"]
-    for pid in tree_pids(int(pool[0])) if pool else []:
-        named.setdefault(pid, "sdk-worker")
-    return named
+SAMPLE_S = 1.0
 
 
 def rss_bytes(pid: str) -> float | None:
@@ -140,7 +93,7 @@ def main() -> None:
     ensure_topic(connection, topic, PARTITIONS, configs={"retention.ms": "-1"})
     out, log = work / topic, work / f"{topic}.log"
     print(f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
-    consumer = KafkaConsumer(**connection.kafka_python(), group_id=topic, enable_auto_commit=False)
+    consumer = KafkaConsumer(**connection.kafka_python(), enable_auto_commit=False)
     try:
         with own_flink(work / "flink", slots=1) as cluster:
             samples, rss, produced_s, drained = soak(cluster, connection.bootstrap, consumer, topic, events, out, log)
@@ -159,17 +112,18 @@ def soak(
 ) -> tuple[list[dict[str, float]], tuple[float, str], float, float]:
     """Run the job, produce for SECONDS, wait for the lag to reach 0; (samples, RSS growth and
     text, seconds produced, seconds to drain)."""
+    port = free_port()
     cmd = [
         *(sys.executable, "-m", "pipelines", "stream", "--topic", topic, "--group", topic, "--output", str(out)),
-        *("--num-shards", "4", "--flush-interval", "1", "--bootstrap-servers", bootstrap),
-        *cluster.runner_flags(checkpoint_ms=CHECKPOINT_MS),
+        *("--num-shards", "4", "--flush-interval", "1", "--idle-exit", "20", "--metrics-port", str(port)),
+        *("--bootstrap-servers", bootstrap, *cluster.runner_flags(checkpoint_ms=CHECKPOINT_MS)),
     ]
     with log.open("wb") as sink:
         job = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=sink, start_new_session=True)
     try:
+        wait_for_endpoint(port, job)
         wait_running(cluster, job, log)
         started = time.time()
-        lag = KafkaLag(consumer, topic, started)
         producer = subprocess.Popen(
             [sys.executable, "-m", "pipelines", "produce", "--input", str(events), "--topic", topic,
              "--rate", str(RATE), "--no-progress", "--kafka-backend", BACKEND, "--bootstrap-servers", bootstrap],
@@ -177,17 +131,15 @@ def soak(
         )  # fmt: skip
         samples, readings = [], []
         while producer.poll() is None and time.time() - started < SECONDS:
-            samples.append(lag.sample())
-            names = cluster_pids(cluster)
-            readings.append((samples[-1]["t"], {p: r for p in names if (r := rss_bytes(p)) is not None}))
+            samples.append(scrape(port) | {"t": time.time() - started, "events": produced(consumer, topic, PARTITIONS)})
+            readings.append({p: r for p in cluster.processes() if (r := rss_bytes(p)) is not None})
             time.sleep(SAMPLE_S)
         producer.send_signal(signal.SIGINT)
         producer.wait(timeout=120)
         produced_s = time.time() - started
-        drained = drain(lag, samples, job, log)
-        names = cluster_pids(cluster)
-        warm = readings[max(0, len(readings) // 5 - 1)][1]
-        rss = rss_growth(warm, readings[-1][1], names)
+        drained = drain(port, samples, started, lambda: produced(consumer, topic, PARTITIONS))
+        rss = rss_growth(readings[max(0, len(readings) // 5 - 1)], readings[-1], cluster.processes())
+        job.wait(timeout=300)
     finally:
         if jid := cluster.running_job():
             cluster.cancel(jid)
@@ -205,20 +157,6 @@ def wait_running(cluster: OwnFlink, job: subprocess.Popen[bytes], log: Path) -> 
         if time.monotonic() > deadline:
             sys.exit(f"error: the stream job was not RUNNING within 180 s; see {log}")
         time.sleep(0.5)
-
-
-def drain(lag: KafkaLag, samples: list[dict[str, float]], job: subprocess.Popen[bytes], log: Path) -> float:
-    """Sample until every produced message is committed; seconds from the first produce to then."""
-    deadline = time.monotonic() + DRAIN_S
-    while time.monotonic() < deadline:
-        if job.poll() is not None:
-            sys.exit(f"error: the stream job exited ({job.returncode}) while draining; see {log}")
-        sample = lag.sample()
-        samples.append(sample)
-        if sample["lag"] == 0 and sample["events"] > 0:
-            return sample["t"]
-        time.sleep(SAMPLE_S)
-    return float("inf")
 
 
 if __name__ == "__main__":
