@@ -40,26 +40,48 @@ def merge_user(events: pa.Table, previous: pa.Table | None, *, max_history: int)
     ``build_histories(events, previous, max_history=...).histories``."""
     MAX_HISTORY.check(max_history)
     before = _Before.of(previous)
-    fresh = _fresh(events, set(before.events.column("event_id").to_pylist()))
+    fresh = _fresh(events, before.events.column("event_id"))
     if not fresh.num_rows:
         assert previous is not None  # nothing new: only a previous row can be left
         return conform(previous, HISTORY)
-    merged = pa.concat_tables([before.events, fresh.select(_FIELDS).cast(_HELD)])
-    merged = merged.take(pc.sort_indices(merged, _BY_TIME))
+    merged = pa.concat_tables([before.events, _as(fresh.select(_FIELDS), _HELD)])
+    if not _ascending_after(before.events, fresh):  # a late event: it goes to its place
+        merged = merged.take(pc.sort_indices(merged, _BY_TIME))
     cut = max(0, merged.num_rows - max_history)
     kept, evicted = merged.slice(cut), merged.slice(0, cut)
-    newest = int(pc.max(fresh.column("event_time").cast(pa.int64())).as_py())
+    newest = int(_millis(fresh.column("event_time")).max())
     watermark = max(newest, before.watermark_ms)
     held = pa.StructArray.from_arrays([kept.column(f).combine_chunks() for f in _FIELDS], fields=list(HISTORY_EVENT))
     columns = [
         pa.array([int(fresh.column("user_id")[0].as_py())], pa.int64()),
-        pa.ListArray.from_arrays(pa.array([0, len(held)], pa.int32()), held).cast(_EVENTS_TYPE),
+        pa.ListArray.from_arrays(pa.array([0, len(held)], pa.int32()), held, type=_EVENTS_TYPE),
         pa.array([_summary(evicted, before.summary)], _SUMMARY_TYPE),
         pa.array([before.total + fresh.num_rows], pa.int64()),
-        pa.array([_ms(kept.column("event_time")[-1])], pa.int64()).cast(TIME),
-        pa.array([watermark], pa.int64()).cast(TIME),
+        pa.array([int(_millis(kept.column("event_time"))[-1])], TIME),
+        pa.array([watermark], TIME),
     ]
     return pa.Table.from_arrays(columns, schema=HISTORY.schema)
+
+
+def _as(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` cast to ``schema``; as it is when it already has it (a cast per column costs
+    microseconds each, which a one-event flush feels)."""
+    return table if table.schema == schema else table.cast(schema)
+
+
+def _millis(times: pa.ChunkedArray) -> np.ndarray:
+    """Timestamps (ms) as int64 milliseconds."""
+    return times.combine_chunks().view(pa.int64()).to_numpy()
+
+
+def _ascending_after(held: pa.Table, fresh: pa.Table) -> bool:
+    """Whether ``fresh`` (sorted) all comes after the last of ``held`` (sorted) by (time, id):
+    the usual flush, whose concatenation needs no sort."""
+    if not held.num_rows:
+        return True
+    last = (int(_millis(held.column("event_time"))[-1]), held.column("event_id")[-1].as_py())
+    first = (int(_millis(fresh.column("event_time"))[0]), fresh.column("event_id")[0].as_py())
+    return first > last
 
 
 @dataclass(frozen=True)
@@ -84,11 +106,12 @@ class _Before:
         )
 
 
-def _fresh(events: pa.Table, held: set[str]) -> pa.Table:
-    """``events`` in (time, id) order without those ``held`` or repeated (the first copy stays)."""
-    events = events.select(EVENT.schema.names).cast(EVENT.schema)
-    events = events.take(pc.sort_indices(events, _BY_TIME))
-    keep = []
+def _fresh(events: pa.Table, held_ids: pa.ChunkedArray) -> pa.Table:
+    """``events`` in (time, id) order without those whose id is ``held`` or repeated (the first copy stays)."""
+    events = _as(events.select(EVENT.schema.names), EVENT.schema)
+    if events.num_rows > 1:
+        events = events.take(pc.sort_indices(events, _BY_TIME))
+    held, keep = set(held_ids.to_pylist()), []
     for i, event_id in enumerate(events.column("event_id").to_pylist()):
         if event_id not in held:
             held.add(event_id)
