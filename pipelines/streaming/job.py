@@ -51,7 +51,14 @@ from pipelines.io.kafka.consume import PartitionPoller
 from pipelines.io.kafka.outage import LazyClient, broker_watch
 from pipelines.streaming.acks import CommitOffsetsFn, CommitOnCheckpointFn, WriteDeadLettersFn
 from pipelines.streaming.config import StreamConfig
-from pipelines.streaming.keyed import AppendUserHistoryFn, WalltimeWatermark, WriteHistoriesFn, split_by_user
+from pipelines.streaming.keyed import (
+    FLUSHED,
+    FLUSHED_WITH_REPS,
+    AppendUserHistoryFn,
+    WalltimeWatermark,
+    WriteHistoriesFn,
+    split_by_user,
+)
 from pipelines.streaming.refresh import Refresh
 from pipelines.streaming.state import OFFSET, PARTITION
 
@@ -258,10 +265,11 @@ def build_stream(
         .with_outputs(ACKS, DEAD, main="events")
     )
     appended = _append_histories(read["events"], config)
-    flushed = appended | "WriteHistories" >> beam.ParDo(WriteHistoriesFn(connection, config))
+    flushed = appended | "WriteHistories" >> beam.ParDo(WriteHistoriesFn(connection, config)).with_output_types(FLUSHED)
     if config.refresh:
-        flushed = flushed | "Refresh" >> Refresh(config)
-    acks = flushed | "FlushedAcks" >> beam.FlatMap(lambda done: done[1])
+        acks = flushed | "Refresh" >> Refresh(config)
+    else:
+        acks = flushed | "FlushedAcks" >> beam.FlatMap(lambda done: done[1])
     written = read[DEAD] | "WriteDeadLetters" >> beam.ParDo(WriteDeadLettersFn(connection, config))
     commit = CommitOnCheckpointFn if config.checkpointed else CommitOffsetsFn
     _ = (
@@ -274,11 +282,13 @@ def build_stream(
 def _append_histories(events: beam.PCollection, config: StreamConfig) -> beam.PCollection:
     """The keyed flush; with ``--rep-history``, keeping the historical representations and writing them."""
     if not config.rep_history:
-        return events | "AppendHistories" >> beam.ParDo(AppendUserHistoryFn(config))
+        return events | "AppendHistories" >> beam.ParDo(AppendUserHistoryFn(config)).with_output_types(FLUSHED)
     from pipelines.streaming.rep_history import RepHistoryStep, WriteRepHistoriesFn  # imports torch
 
-    appended = events | "AppendHistories" >> beam.ParDo(AppendUserHistoryFn(config, RepHistoryStep(config)))
-    return appended | "WriteRepHistories" >> beam.ParDo(WriteRepHistoriesFn(config))
+    appended = events | "AppendHistories" >> beam.ParDo(
+        AppendUserHistoryFn(config, RepHistoryStep(config))
+    ).with_output_types(FLUSHED_WITH_REPS)
+    return appended | "WriteRepHistories" >> beam.ParDo(WriteRepHistoriesFn(config)).with_output_types(FLUSHED)
 
 
 #: partition -> (committed offset, commit metadata), None where the group has committed nothing.

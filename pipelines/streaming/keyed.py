@@ -3,11 +3,18 @@
 The reader (:mod:`pipelines.streaming.job`) emits each polled batch cut into one
 EVENT table per user (key = ``user_id``), stamped with the wall clock, and its
 watermark follows the wall clock (a :class:`WalltimeWatermarkEstimator` on the
-splittable DoFn). :class:`AppendUserHistoryFn` holds, per user:
+splittable DoFn). :class:`AppendUserHistoryFn` holds, per user, one bag (``user``) of
 
-- ``history``: the user's capped HISTORY row (Arrow IPC, one row);
-- ``buffer``: the user's events since the last flush (bag state);
-- an **event-time** timer at the first buffered event's stamp + ``flush_interval_s``.
+- the user's capped HISTORY row (at most one; none for a user not flushed yet) and
+- the user's events since the last flush (EVENT tables),
+
+each tagged with its kind, and an **event-time** timer at the end of the
+``flush_interval_s`` slot (aligned on the epoch) that the event's stamp falls in, one
+per slot (its dynamic tag): setting it needs no read, and a later event never moves
+an earlier slot's timer, so a busy user still flushes every interval. One bag keeps
+the runner's state requests per flush at four (an append per batch; a read, a clear
+and an append per flush): each is a round trip from the SDK worker to the runner,
+and on Prism they were most of a flush's time.
 
 When the watermark passes the timer (or the input ends), the buffer is merged
 into the history by :func:`pipelines.streaming.user_merge.merge_user`, one user's
@@ -42,18 +49,18 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-from apache_beam.coders import VarIntCoder
+from apache_beam.coders import TupleCoder, VarIntCoder
 from apache_beam.io.watermark_estimators import WalltimeWatermarkEstimator
 from apache_beam.transforms.core import WatermarkEstimatorProvider
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
 from apache_beam.transforms.window import GlobalWindow
-from apache_beam.utils.timestamp import Duration, Timestamp
+from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 
 from pipelines.io.arrow_coder import ArrowTableCoder
@@ -72,26 +79,38 @@ from pipelines.streaming.state import (
 )
 from pipelines.streaming.user_merge import merge_user
 
-__all__ = ["AppendUserHistoryFn", "FirstSight", "WalltimeWatermark", "WriteHistoriesFn", "split_by_user"]
+__all__ = [
+    "FLUSHED",
+    "FLUSHED_WITH_REPS",
+    "AppendUserHistoryFn",
+    "FirstSight",
+    "WalltimeWatermark",
+    "WriteHistoriesFn",
+    "flush_slot",
+    "split_by_user",
+]
 
 #: Shards a worker keeps loaded to answer "what did the flush files hold for this new user".
 FIRST_SIGHT_SHARDS = 64
 
 # Beam takes state and timers as parameter defaults; module-level specs keep that readable.
 _TABLES = ArrowTableCoder(compress_from_bytes=None)
-_BUFFER = BagStateSpec("buffer", _TABLES)
-_HISTORY = ReadModifyWriteStateSpec("history", _TABLES)
+#: What the user's bag holds: (kind, table), kind ROW (the HISTORY row) or EVENTS (a batch of EVENT rows).
+ROW, EVENTS = 0, 1
+_USER = BagStateSpec("user", TupleCoder([VarIntCoder(), _TABLES]))
 _REPS = ReadModifyWriteStateSpec("rep_history", _TABLES)
-_DUE = ReadModifyWriteStateSpec("flush_due", VarIntCoder())
 _FLUSH = TimerSpec("flush", TimeDomain.WATERMARK)
-BUFFER, HISTORY_STATE = beam.DoFn.StateParam(_BUFFER), beam.DoFn.StateParam(_HISTORY)
-REPS_STATE = beam.DoFn.StateParam(_REPS)
-DUE, FLUSH, KEY = beam.DoFn.StateParam(_DUE), beam.DoFn.TimerParam(_FLUSH), beam.DoFn.KeyParam
+USER_STATE, REPS_STATE = beam.DoFn.StateParam(_USER), beam.DoFn.StateParam(_REPS)
+FLUSH, KEY = beam.DoFn.TimerParam(_FLUSH), beam.DoFn.KeyParam
 
 #: (a user's changed HISTORY row, its flushed (partition, offsets)).
 Flushed = tuple[pa.Table, list[tuple[int, np.ndarray]]]
 #: The same with the user's REP_HISTORY row (``stream --rep-history``).
 FlushedWithReps = tuple[pa.Table, list[tuple[int, np.ndarray]], pa.Table]
+#: Their Beam type hints, so the tables cross stages in :class:`ArrowTableCoder` and are never
+#: pickled: a pickled slice of a table carries its parent's whole buffers (tens of kB for one row).
+FLUSHED = tuple[pa.Table, Any]
+FLUSHED_WITH_REPS = tuple[pa.Table, Any, pa.Table]
 
 
 class RepStep(Protocol):
@@ -177,42 +196,36 @@ class AppendUserHistoryFn(beam.DoFn):
         self,
         element: tuple[int, pa.Table],
         stamp: Any = beam.DoFn.TimestampParam,
-        buffer: Any = BUFFER,
-        due: Any = DUE,
+        state: Any = USER_STATE,
         flush: Any = FLUSH,
     ) -> Iterator[Flushed]:
         _, table = element
         if not table.num_rows:
             return
-        buffer.add(table)
-        if due.read() is None:
-            due.write(1)
-            flush.set(Timestamp.of(stamp) + Duration.of(self._config.flush_interval_s))
+        state.add((EVENTS, table))
+        slot = flush_slot(Timestamp.of(stamp).micros, self._config.flush_interval_s)
+        flush.set(Timestamp(micros=slot.end_micros), dynamic_timer_tag=str(slot.number))
         return
         yield  # a generator: output comes from the timer
 
     @on_timer(_FLUSH)
     def on_flush(
-        self,
-        user: Any = KEY,
-        buffer: Any = BUFFER,
-        history: Any = HISTORY_STATE,
-        due: Any = DUE,
-        reps: Any = REPS_STATE,
+        self, user: Any = KEY, state: Any = USER_STATE, reps: Any = REPS_STATE
     ) -> Iterator[Flushed | FlushedWithReps]:
-        tables = [t for t in buffer.read() if t.num_rows]
-        buffer.clear()
-        due.clear()
-        if not tables:
+        held = list(state.read())
+        tables = [t for kind, t in held if kind == EVENTS and t.num_rows]
+        if not tables:  # an earlier slot's flush took them
             return
         started = time.perf_counter()
         events = pa.concat_tables(tables)
-        previous = history.read()
+        rows = [t for kind, t in held if kind == ROW]
+        previous = rows[-1] if rows else None
         if previous is None:  # first sight (a fresh job): the flush files hold its history so far
             previous = _FIRST_SIGHT.row_of(self._config.output, _shard_of(events, self._config.num_shards), user)
             _record_new_user()
         row = merge_user(events, previous, max_history=self._config.max_history)
-        history.write(row)
+        state.clear()
+        state.add((ROW, row))
         _record_flush(time.perf_counter() - started, row)
         partitions, offsets = events.column(PARTITION).to_numpy(), events.column(OFFSET).to_numpy()
         acks = [(int(p), offsets[partitions == p]) for p in np.unique(partitions)]
@@ -220,6 +233,19 @@ class AppendUserHistoryFn(beam.DoFn):
             yield row, acks
         else:
             yield row, acks, self._reps.append(user, previous, row, reps)
+
+
+class Slot(NamedTuple):
+    number: int
+    end_micros: int
+
+
+def flush_slot(stamp_micros: int, interval_s: float) -> Slot:
+    """The flush-interval slot (aligned on the epoch) that a stamp falls in: its number and its end,
+    where the slot's timer fires (a stamp on a boundary opens the next slot)."""
+    width = max(1, round(interval_s * 1_000_000))
+    number = stamp_micros // width
+    return Slot(number, (number + 1) * width)
 
 
 def _shard_of(events: pa.Table, num_shards: int) -> int:

@@ -108,8 +108,8 @@ def flushed_rows(element: Flushed) -> int:
 
 class RefreshModelHandler(ModelHandler[Flushed, PredictionResult, Refreshing]):
     """Beam RunInference's handler for the stream: a batch of flushed (histories, acks) → the users'
-    representations computed and written to the store → each element back, as the example of its
-    ``PredictionResult`` (so its acknowledgements go on only after the write)."""
+    representations computed and written to the store → each element's acknowledgements, as the
+    example of its ``PredictionResult`` (so they go on only after the write)."""
 
     def __init__(self, config: StreamConfig) -> None:
         super().__init__()
@@ -132,7 +132,9 @@ class RefreshModelHandler(ModelHandler[Flushed, PredictionResult, Refreshing]):
             metrics.step("refresh", time.perf_counter() - started)
             newest = merged.column("last_event_time").cast(pa.int64()).to_numpy()
             metrics.fresh("event_to_user_rep", time.time() - newest / 1000.0)
-        return [PredictionResult(element, None, model_id=model.model_version) for element in batch]
+        # Only the acknowledgements go on: the tables are done with, and a PredictionResult crosses
+        # Prism's stages pickled (a pickled table slice carries its parent's whole buffers).
+        return [PredictionResult(acks, None, model_id=model.model_version) for _, acks in batch]
 
     def get_num_bytes(self, batch: Sequence[Flushed]) -> int:
         return sum(h.nbytes for h, _ in batch)
@@ -145,7 +147,7 @@ class RefreshModelHandler(ModelHandler[Flushed, PredictionResult, Refreshing]):
 
 
 class Refresh(beam.PTransform):
-    """(changed histories, acks) → their representations in the store → the same elements, through
+    """(changed histories, acks) → their representations in the store → the acks, one by one, through
     Beam's RunInference with :class:`RefreshModelHandler` (the model loaded once per worker process
     and shared by its threads)."""
 
@@ -157,5 +159,5 @@ class Refresh(beam.PTransform):
         return (
             flushed
             | "RunInference" >> RunInference(self._handler)
-            | "Written" >> beam.Map(lambda result: result.example)
+            | "Written" >> beam.FlatMap(lambda result: result.example)
         )

@@ -1,4 +1,4 @@
-"""The per-user keyed step's pure parts: cutting a batch by user, and the first-sight cache."""
+"""The per-user keyed step's pure parts: cutting a batch by user, the flush slots, and the first-sight cache."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from pipelines.streaming.keyed import FirstSight, split_by_user
+from pipelines.streaming.keyed import FirstSight, flush_slot, split_by_user
 from pipelines.streaming.state import flush_path, merge_shard, write_flush
 from tests.features.factories import event, events_table
 
@@ -18,6 +18,19 @@ def test_split_by_user_gives_each_user_its_rows_in_order() -> None:
     assert [u for u, _ in parts] == [1, 2, 3]
     assert {u: t.column("i").to_pylist() for u, t in parts} == {1: [1, 4], 2: [3], 3: [0, 2]}
     assert split_by_user(table.slice(0, 0)) == []
+
+
+def test_flush_slots_are_aligned_and_every_stamp_flushes_within_one_interval() -> None:
+    second = 1_000_000
+    assert flush_slot(0, 0.25) == (0, 250_000)
+    assert flush_slot(249_999, 0.25) == (0, 250_000)
+    assert flush_slot(250_000, 0.25) == (1, 500_000)  # a stamp on a boundary opens the next slot
+    assert flush_slot(1_700_000_000 * second + 1, 1.0) == (1_700_000_000, 1_700_000_001 * second)
+    stamps = np.random.default_rng(3).integers(0, 10**12, 1000)
+    for stamp in stamps.tolist():
+        slot = flush_slot(stamp, 0.3)
+        assert stamp < slot.end_micros <= stamp + 300_000
+        assert flush_slot(slot.end_micros - 1, 0.3) == slot  # every stamp of a slot shares its timer
 
 
 def test_first_sight_reads_the_users_newest_row_and_keeps_few_shards(tmp_path: Path) -> None:
