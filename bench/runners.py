@@ -1,18 +1,21 @@
-"""The features pipeline on every engine, one run each: DirectRunner, Flink at parallelism 1 and 2,
-Spark local[2], against the same history build in Polars.
+"""The features pipeline on every engine: DirectRunner, Flink at parallelism 1 and 2, Spark
+local[2], against the same history build in Polars.
 
-Events: 2M generated (QUICK: ~200k), the Parquet file bench/features.py uses. Each Beam run is a
-``python -m pipelines features`` process; its rate counts the summary's ``seconds`` (pipeline
-construction to outputs checked: on Flink and Spark that includes starting the job server, staging,
-translation and submission). Before the big runs, a tiny job on Flink (~1k events) measures the
-fixed cost of a job, and the Flink REST API gives each job's time on the cluster and its slowest
-operators, so the report says where Flink's time goes. Flink jobs are plain ``--runner FlinkRunner``
-runs: the cluster's standing job server submits them and its SDK worker pool runs the Python work
-(``--environment_type EXTERNAL``; BENCH_FLINK_ENV=LOOPBACK runs it in the submitting process).
+Events: 2M generated (QUICK: ~200k), the Parquet file bench/features.py uses, and a tenth of it.
+Each Beam run is a ``python -m pipelines features`` process; its time is the summary's ``seconds``
+(pipeline construction to outputs checked: on Flink that includes submission, translation, task
+deployment and the SDK workers' start). The steady-state rate excludes that fixed cost: each engine
+runs both sizes, and its rate is the added events over the added seconds,
+``(n_big - n_small) / (s_big - s_small)``; whole-run rates are printed beside it. Before the runs, a
+tiny job on Flink (~1k events) warms the workers and shows the fixed cost of a job; the Flink REST
+API gives each job's time on the cluster and its slowest operators, so the report says where Flink's
+time goes. Flink jobs are plain ``--runner FlinkRunner`` runs: the cluster's standing job server
+submits them and its SDK worker pool runs the Python work (``--environment_type EXTERNAL``;
+BENCH_FLINK_ENV=LOOPBACK runs it in the submitting process).
 
-Prints events/s of each, then ``RESULT flink-scaling ratio=<(rate p2 / rate p1) / 2> target=0.8``
-and ``RESULT flink-vs-direct ratio=<rate p2 / rate direct> target=1.0``. An engine whose parts are
-missing (``make flink-up`` not run, no Spark job server jar: ``make spark-jobserver``) is skipped
+Prints events/s of each, then ``RESULT flink-scaling ratio=<(steady p2 / steady p1) / 2> target=0.8``
+and ``RESULT flink-vs-direct ratio=<steady p2 / steady direct> target=1.0``. An engine whose parts
+are missing (``make flink-up`` not run, no Spark job server jar: ``make spark-jobserver``) is skipped
 with a ``SKIP <name> <why>`` line, and what was measured is still reported; BENCH_SPARK=0 skips Spark.
 """
 
@@ -21,11 +24,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +43,7 @@ from bench.flink_parts import flink_missing, spark_missing
 FLINK_REST = "http://127.0.0.1:8081"
 FAST = "--experiments=disable_logging_submission_environment"
 SHARDS = 16
+REPEATS = 1 if QUICK else 3  # Flink runs per size and parallelism: the fixed cost is noisy
 
 
 def flink_env() -> list[str]:
@@ -87,6 +93,27 @@ def flink_run(events: str, out: Path, parallelism: int, env: list[str]) -> tuple
     return summary, flink_job_since(started)
 
 
+@dataclass(frozen=True)
+class Sized:
+    """One engine's runs at two input sizes: (events, seconds) each."""
+
+    small: tuple[int, float]
+    big: tuple[int, float]
+
+    @property
+    def steady(self) -> float:
+        """Events per second of the added input: the fixed cost of a job cancels out."""
+        return steady_rate(self.small, self.big)
+
+
+def steady_rate(small: tuple[int, float], big: tuple[int, float]) -> float:
+    """``(n_big - n_small) / (s_big - s_small)``; refused when the bigger run was not slower."""
+    (n0, s0), (n1, s1) = small, big
+    if n1 <= n0 or s1 <= s0:
+        raise ValueError(f"the bigger input must take longer: {n0} events in {s0} s, {n1} in {s1} s")
+    return (n1 - n0) / (s1 - s0)
+
+
 def _report(name: str, n: int, summary: dict[str, Any], job: dict | None = None) -> float:
     rate = n / summary["seconds"]
     process = summary["process_seconds"]
@@ -101,61 +128,103 @@ def _report(name: str, n: int, summary: dict[str, Any], job: dict | None = None)
     return rate
 
 
+def _sized(name: str, runs: dict[str, tuple[int, list[float]]]) -> Sized | None:
+    """The median seconds of each size's runs; None (with a line saying why) when the fixed cost's
+    noise exceeds the added input's work, as it can on QUICK's small inputs."""
+    sized = Sized(*((n, statistics.median(seconds)) for n, seconds in (runs["small"], runs["big"])))
+    try:
+        steady = sized.steady
+    except ValueError as e:
+        print(f"{name:<22} steady rate not measured: {e}")
+        return None
+    print(f"{name:<22} steady {steady / 1e3:8.1f} k events/s  (whole run {sized.big[0] / sized.big[1] / 1e3:.1f}k)")
+    return sized
+
+
 def main() -> None:
     users = 4_000 if QUICK else 40_000
-    events = str(generate(users, 14, WORK / f"features-{users}u" / "events.parquet"))
+    sizes = {
+        "small": str(generate(users // 10, 14, WORK / f"features-{users // 10}u" / "events.parquet")),
+        "big": str(generate(users, 14, WORK / f"features-{users}u" / "events.parquet")),
+    }
     tiny = str(generate(20, 14, WORK / "features-20u" / "events.parquet"))
     out = WORK / "runners-out"
-    n, polars_s = timed(lambda: polars_baseline(events, str(out / "polars")))
+    n, polars_s = timed(lambda: polars_baseline(sizes["big"], str(out / "polars")))
     print(f"{'polars':<22} {polars_s:8.1f} s  {n / polars_s / 1e3:8.1f} k events/s  ({n} events)", flush=True)
-    direct = features(events, out / "direct", ["--runner", "DirectRunner"])
-    assert direct["events_valid"] + direct["duplicates"] == n, "Beam lost or invented events"
-    direct_rate = _report("direct (in_memory)", n, direct)
+    direct: dict[str, dict[str, Any]] = {}
+    for size, path in sizes.items():
+        direct[size] = features(path, out / f"direct-{size}", ["--runner", "DirectRunner"])
+        _report(f"direct {size}", direct[size]["records_in"], direct[size])
+    assert direct["big"]["events_valid"] + direct["big"]["duplicates"] == n, "Beam lost or invented events"
+    direct_sized = _sized("direct (in_memory)", {k: (v["records_in"], [v["seconds"]]) for k, v in direct.items()})
     missing = flink_missing()
     if missing:
         print(f"SKIP flink-scaling {missing}")
         print(f"SKIP flink-vs-direct {missing}")
     else:
-        _flink(events, tiny, n, out, direct, direct_rate, polars_s)
+        _flink(sizes, tiny, out, direct, direct_sized, n / polars_s)
     why = "BENCH_SPARK=0" if os.environ.get("BENCH_SPARK", "1") == "0" else spark_missing()
     if why:
         print(f"SKIP runners-spark {why}")
     else:
-        spark = features(events, out / "spark", ["--runner", "SparkRunner", "--spark_master_url", "local[2]", FAST])
+        spark = features(
+            sizes["big"], out / "spark", ["--runner", "SparkRunner", "--spark_master_url", "local[2]", FAST]
+        )
         _report("spark local[2]", n, spark)
 
 
 def _flink(
-    events: str, tiny: str, n: int, out: Path, direct: dict[str, Any], direct_rate: float, polars_s: float
+    sizes: dict[str, str],
+    tiny: str,
+    out: Path,
+    direct: dict[str, dict[str, Any]],
+    direct_sized: Sized | None,
+    polars: float,
 ) -> None:
     env = flink_env()
     small, small_job = flink_run(tiny, out / "flink-tiny", 2, env)
     _report(f"flink p2, {small['records_in']} events", small["records_in"], small, small_job)
-    p1, job1 = flink_run(events, out / "flink-p1", 1, env)
-    rate1 = _report("flink p1", n, p1, job1)
-    p2, job2 = flink_run(events, out / "flink-p2", 2, env)
-    rate2 = _report("flink p2", n, p2, job2)
-    for summary in (p1, p2):
-        assert (summary["histories"], summary["events_valid"]) == (direct["histories"], direct["events_valid"])
     print(f"fixed cost of a Flink job (tiny input, first job: cold workers): {small['seconds']:.1f} s")
-    cluster = [n / job["cluster_s"] if job else float("nan") for job in (job1, job2)]
-    print(
-        f"on the cluster only (no submission): p1 {cluster[0] / 1e3:.1f}k ev/s, p2 {cluster[1] / 1e3:.1f}k ev/s, "
-        f"scaling {cluster[1] / cluster[0] / 2:.2f}"
-    )
+    sized = {}
+    for parallelism in (1, 2):
+        runs: dict[str, tuple[int, list[float]]] = {}
+        on_cluster: dict[str, tuple[int, list[float]]] = {}
+        for size, path in sizes.items():
+            for _ in range(REPEATS):
+                summary, job = flink_run(path, out / f"flink-p{parallelism}-{size}", parallelism, env)
+                expected = direct[size]
+                assert (summary["histories"], summary["events_valid"]) == (
+                    expected["histories"],
+                    expected["events_valid"],
+                )
+                _report(f"flink p{parallelism} {size}", summary["records_in"], summary, job)
+                runs.setdefault(size, (summary["records_in"], []))[1].append(summary["seconds"])
+                if job:
+                    on_cluster.setdefault(size, (summary["records_in"], []))[1].append(job["cluster_s"])
+        sized[parallelism] = _sized(f"flink p{parallelism}", runs)
+        if len(on_cluster) == 2:
+            _sized("  on the cluster's clock", on_cluster)
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
+    p1, p2 = sized[1], sized[2]
+    if p1 is None or p2 is None or direct_sized is None:
+        print("SKIP flink-scaling the steady rates were not measured (inputs too small for the fixed cost's noise)")
+        print(f"SKIP flink-vs-direct the steady rates were not measured; load average {load}")
+        return
+    n = p2.big[0]
+    whole = f"whole run p2 {n / p2.big[1] / 1e3:.1f}k, p1 {n / p1.big[1] / 1e3:.1f}k"
     result(
         "flink-scaling",
-        rate2 / rate1 / 2,
+        p2.steady / p1.steady / 2,
         0.8,
-        f"p1 {rate1 / 1e3:.1f}k ev/s, p2 {rate2 / 1e3:.1f}k ev/s on {n}; load average {load}",
+        f"steady p1 {p1.steady / 1e3:.1f}k ev/s, p2 {p2.steady / 1e3:.1f}k ev/s ({whole}; median of {REPEATS} runs "
+        f"per size) on {n}; load average {load}",
     )
     result(
         "flink-vs-direct",
-        rate2 / direct_rate,
+        p2.steady / direct_sized.steady,
         1.0,
-        f"flink p2 {rate2 / 1e3:.1f}k ev/s vs direct {direct_rate / 1e3:.1f}k ev/s (polars {n / polars_s / 1e3:.0f}k); "
-        f"load average {load}",
+        f"steady flink p2 {p2.steady / 1e3:.1f}k ev/s vs direct {direct_sized.steady / 1e3:.1f}k ev/s "
+        f"(whole run {n / direct_sized.big[1] / 1e3:.1f}k; polars {polars / 1e3:.0f}k); load average {load}",
     )
 
 
