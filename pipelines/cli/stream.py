@@ -28,6 +28,12 @@ every flush also appends the model's representation of each new event, as of tha
 its user's row of historical representations under OUTPUT/rep_history/ (the newest N kept;
 read like precompute --rep-history's backfill), before their offsets are committed.
 
+With --candidates-topic (and --model, --store), the ranking funnel's candidate sets of --stage
+are read beside the events and meet their user's state in the same graph: their pair
+representations (on the user's history as the next flush would write it) go to --store before
+their offsets are committed; sets past their needed_by are dropped and counted, pairs fresh in
+the store skipped. --ad-catalog gives the candidate ads' advertiser and category.
+
 --metrics-port serves Prometheus metrics (consumer lag per partition, events/s, dead
 letters per reason, flush and refresh latencies, freshness, buffered events, users,
 RSS); on a terminal a status line comes every 5 s.
@@ -99,6 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         settings.CANDIDATE_TTL,
         "a candidate set is recent if requested at most this long before the user's last event",
     )
+    _add_candidate_arguments(parser)
     flags.add_rep_history(
         parser, "appended as events arrive (only the new events go through --model; needs --model, not --store)"
     )
@@ -128,6 +135,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flags.beam_flag(group, "prism_location", metavar="PATH", help="Prism binary (Beam's option; default: make prism's)")
 
 
+def _add_candidate_arguments(parser: argparse.ArgumentParser) -> None:
+    from pipelines.schemas.enums import FUNNEL_STAGES
+
+    group = parser.add_argument_group(
+        "candidate sets",
+        "with --candidates-topic, the ranking funnel's candidate sets meet their user's state in the "
+        "graph, and their pair representations go to --store before their offsets are committed",
+    )
+    group.add_argument(
+        "--candidates-topic",
+        metavar="TOPIC",
+        default=None,
+        help="topic of candidate sets (CANDIDATE_SET JSON, key = user_id), read beside --topic; needs --model "
+        "and --store",
+    )
+    group.add_argument(
+        "--stage", default="early", choices=FUNNEL_STAGES, help="funnel stage to precompute (default: %(default)s)"
+    )
+    flags.add_duration(
+        group,  # type: ignore[arg-type]
+        "--deadline-grace",
+        None,
+        "still compute a set this long after its needed_by; without it, a late set is dropped (and counted)",
+    )
+    flags.add_setting_duration(
+        group,  # type: ignore[arg-type]
+        settings.PAIR_MAX_AGE,
+        "a stored pair younger than this, on the user's current history, is not computed again",
+    )
+    group.add_argument(
+        "--ad-catalog",
+        metavar="PARQUET",
+        default=None,
+        help="ads' advertiser and category (item_id, advertiser_id, item_category), looked up first for a "
+        "candidate ad; without it, the ads the histories hold",
+    )
+
+
 def stream_config(args: argparse.Namespace, on_flink: bool) -> StreamConfig:
     """The one place a :class:`StreamConfig` is built from parsed flags."""
     from pipelines.streaming.config import StreamConfig
@@ -146,6 +191,11 @@ def stream_config(args: argparse.Namespace, on_flink: bool) -> StreamConfig:
         store=args.store,
         candidates=tuple(args.candidates),
         candidate_ttl_s=args.candidate_ttl,
+        candidates_topic=args.candidates_topic,
+        stage=args.stage,
+        deadline_grace_s=args.deadline_grace or 0.0,
+        pair_max_age_s=args.pair_max_age,
+        ad_catalog=args.ad_catalog,
         rep_history=args.rep_history,
         device=args.device,
         torch_threads=args.torch_threads,
@@ -170,6 +220,10 @@ def _check_inputs(config: StreamConfig) -> None:
         from pipelines.streaming.refresh import load_recent_candidates
 
         load_recent_candidates(config.candidates, config.candidate_ttl_s)
+    if config.ad_catalog:
+        from pipelines.streaming.pairs import load_ad_catalog
+
+        load_ad_catalog(config.ad_catalog)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -192,18 +246,26 @@ def run(args: argparse.Namespace) -> int:
     _check_output(args.output)
     check_output(
         args.output,
-        [("--model", args.model), ("--store", store_path(args.store)), *(("--candidates", c) for c in args.candidates)],
+        [
+            ("--model", args.model),
+            ("--store", store_path(args.store)),
+            ("--ad-catalog", args.ad_catalog),
+            *(("--candidates", c) for c in args.candidates),
+        ],
     )
     _check_inputs(config)
     connection = connection_from_args(args)
-    starts, commits = start_offsets(connection, args.topic, args.group, Position.parse(args.start, "--from"))
+    start = Position.parse(args.start, "--from")
+    starts, commits = start_offsets(connection, args.topic, args.group, start)
+    if config.candidates_topic is not None:  # its commits are the group's too; the output claims the events'
+        starts += start_offsets(connection, config.candidates_topic, args.group, start)[0]
     logging.getLogger(__name__).info(
         "stream: %s from %s", args.topic, ", ".join(f"{s.partition}@{s.start}" for s in starts)
     )
     stop_watching = watch_stream(connection, args.topic, args.group, args.metrics_port)
     try:
         with writer_lock(args.output):  # one job per --output; a dead one frees it
-            config = _claim(config, len(starts), commits)
+            config = _claim(config, len(commits), commits)
             p = beam.Pipeline(options=options)
             build_stream(p, connection, config, starts)
             _run(p, connection, config, args.idle_exit, on_flink)
@@ -359,7 +421,7 @@ def _run_on_flink(p: Any, connection: Any, config: Any, idle_exit: float | None)
         result.cancel()  # stops the job server and the LOOPBACK workers
 
     try:
-        run_until_idle(result, connection, config.topic, config.group, idle_exit, cancel)
+        run_until_idle(result, connection, config.topics, config.group, idle_exit, cancel)
     except BaseException:  # a failed job, or ^C: never leave it running on the cluster
         with contextlib.suppress(Exception):
             cancel()

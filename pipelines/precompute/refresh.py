@@ -93,12 +93,15 @@ class Refresher:
         *,
         candidates: RecentCandidates | None = None,
         token_budget: int = 32_768,
+        catalog: pa.Table | None = None,
     ) -> None:
         if token_budget < 1:
             raise ValueError(f"token_budget must be >= 1, got {token_budget}")
         self._model, self._version = model, model_version
         self._candidates, self._budget = candidates, token_budget
-        self._catalog = merge_catalogs([])  # the ads seen so far: candidates' advertiser and category
+        # The ads known so far (advertiser and category of a candidate ad): ``catalog`` first, then
+        # every ad the histories passed here hold.
+        self._catalog = merge_catalogs([] if catalog is None else [catalog])
 
     def refresh(self, histories: pa.Table, *, computed_at_ms: int) -> pa.Table:
         """Representations of every history row of ``histories`` (HISTORY layout)."""

@@ -41,7 +41,7 @@ from pipelines.io.kafka.config import KafkaConnection
 from pipelines.schemas.enums import FUNNEL_STAGE_CODE, FUNNEL_STAGES
 from pipelines.settings import PAIR_MAX_AGE
 from pipelines.streaming.metrics import JobMetrics
-from pipelines.streaming.pair_work import CandidateWork, WorkQueue, pair_keys, plan_pairs, split_by_deadline
+from pipelines.streaming.pair_work import CandidateWork, WorkQueue, pair_keys, split_by_deadline
 from pipelines.streaming.state import OffsetLedger
 
 __all__ = ["CandidatesConfig", "CandidatesJob", "JobCounts", "write_dead_letter"]
@@ -297,21 +297,10 @@ class _Compute:
 
     def pairs(self, work: list[CandidateWork]) -> tuple[int, int, int]:
         """Compute and write the pairs of ``work`` not fresh in the store: (computed, fresh, repeated)."""
-        users, ads = pair_keys(work)
-        histories = self.view.rows(users)
-        last = dict(
-            zip(
-                histories.column("user_id").to_pylist(),
-                histories.column("last_event_time").cast("int64").to_pylist(),
-                strict=True,
-            )
-        )
-        stored = self._store.read_arrays(users, ads, np.ones(len(users), bool), max_age_s=self._max_age_s)
-        plan = plan_pairs(work, stored, last, self._model.model_version)
-        if plan.requests.num_rows:
-            table = self._refresher.pairs(histories, plan.requests, computed_at_ms=int(time.time() * 1000))
-            self._store.write_batch(table)
-        return plan.pairs_to_compute, plan.pairs_fresh, plan.pairs_repeated
+        from pipelines.streaming.pairs import write_pairs
+
+        histories = self.view.rows(pair_keys(work)[0])
+        return write_pairs(self._refresher, self._store, self._model.model_version, histories, work, self._max_age_s)
 
     def close(self) -> None:
         self._store.close()

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from pipelines.errors import ConfigError
 from pipelines.io.kafka.outage import DEFAULT_LIMIT_S
-from pipelines.settings import CANDIDATE_TTL, FLUSH_INTERVAL, MAX_FUTURE, MAX_HISTORY, NUM_SHARDS
+from pipelines.schemas.enums import FUNNEL_STAGE_CODE, FUNNEL_STAGES
+from pipelines.settings import CANDIDATE_TTL, FLUSH_INTERVAL, MAX_FUTURE, MAX_HISTORY, NUM_SHARDS, PAIR_MAX_AGE
 
 __all__ = ["StreamConfig"]
 
@@ -33,6 +34,17 @@ class StreamConfig:
     store: str | None = None
     candidates: tuple[str, ...] = ()
     candidate_ttl_s: float = CANDIDATE_TTL.seconds
+    #: A topic of candidate sets (CANDIDATE_SET JSON), read beside the events: the sets of ``stage``
+    #: meet their user's keyed state and get their pair representations (needs ``model`` and ``store``).
+    candidates_topic: str | None = None
+    stage: str = "early"
+    #: Still compute a set this long after its ``needed_by`` (0: a late set is dropped, counted).
+    deadline_grace_s: float = 0.0
+    #: A stored pair younger than this, on the user's current history, is not computed again.
+    pair_max_age_s: float = PAIR_MAX_AGE.seconds
+    #: An ad catalog (Parquet: item_id, advertiser_id, item_category) the pairs' ads are looked up
+    #: in first; ads only the histories know are learned as they flow.
+    ad_catalog: str | None = None
     #: Keep each user's historical representations of their newest N events (0: none; needs ``model``).
     rep_history: int = 0
     device: str = "auto"
@@ -85,11 +97,34 @@ class StreamConfig:
                 "pass --model and --store too, or drop --candidates",
             )
         CANDIDATE_TTL.check(self.candidate_ttl_s)
+        self._check_candidates_topic()
         MAX_FUTURE.check(self.max_future_s)
         if self.torch_threads < 1:
             raise ConfigError("--torch-threads", f"got {self.torch_threads}", "pass 1 or more")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError("--device", f"got {self.device!r}", "pass auto, cpu or cuda")
+
+    def _check_candidates_topic(self) -> None:
+        if self.candidates_topic is None:
+            return
+        if self.model is None or self.store is None:
+            raise ConfigError(
+                "--candidates-topic",
+                "candidate sets are read to write their pair representations",
+                "pass --model MODEL_DIR and --store URI too",
+            )
+        if self.candidates_topic == self.topic:
+            raise ConfigError("--candidates-topic", "it is the events topic", "pass the topic of candidate sets")
+        if self.stage not in FUNNEL_STAGE_CODE:
+            raise ConfigError("--stage", f"got {self.stage!r}", f"pass one of {', '.join(FUNNEL_STAGES)}")
+        if self.deadline_grace_s < 0:
+            raise ConfigError("--deadline-grace", f"got {self.deadline_grace_s}", "pass 0 or a positive duration")
+        PAIR_MAX_AGE.check(self.pair_max_age_s)
+
+    @property
+    def topics(self) -> tuple[str, ...]:
+        """Every topic the job reads (and commits): the events', then the candidate sets' if any."""
+        return (self.topic,) if self.candidates_topic is None else (self.topic, self.candidates_topic)
 
     @property
     def refresh(self) -> bool:

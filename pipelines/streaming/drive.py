@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pipelines.io.kafka.config import KafkaConnection
@@ -25,12 +25,12 @@ log = logging.getLogger(__name__)
 _TERMINAL = ("DONE", "FAILED", "CANCELLED", "STOPPED", "UPDATED", "DRAINED")
 
 
-def behind(consumer: Any, topic: str) -> int:
-    """Records of ``topic`` not yet committed by ``consumer``'s group (a partition without a commit
+def behind(consumer: Any, topics: Sequence[str]) -> int:
+    """Records of ``topics`` not yet committed by ``consumer``'s group (a partition without a commit
     counts from its first offset)."""
     from kafka import TopicPartition
 
-    tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+    tps = [TopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or ())]
     if not tps:
         return 0
     ends, starts = consumer.end_offsets(tps), consumer.beginning_offsets(tps)
@@ -44,20 +44,20 @@ def behind(consumer: Any, topic: str) -> int:
 def run_until_idle(
     result: Any,
     connection: KafkaConnection,
-    topic: str,
+    topics: Sequence[str],
     group: str,
     idle_exit_s: float | None,
     cancel: Callable[[], None],
     poll_s: float = 1.0,
 ) -> str:
     """Wait for ``result`` (a running job); with ``idle_exit_s``, ``cancel()`` it once the group has
-    committed the whole topic for that long. Returns the job's final state; a job that fails raises."""
+    committed every one of ``topics`` for that long. Returns the job's final state; a job that fails raises."""
     from kafka import KafkaConsumer
     from kafka.errors import KafkaError
 
     consumer = KafkaConsumer(**connection.kafka_python(), group_id=group, enable_auto_commit=False)
     since: float | None = None
-    progress = _Progress(topic)
+    progress = _Progress(", ".join(topics))
     try:
         while True:
             state = str(result.state)
@@ -67,13 +67,13 @@ def run_until_idle(
                 return state
             if idle_exit_s is not None:
                 try:
-                    done = progress.saw(behind(consumer, topic)) == 0
+                    done = progress.saw(behind(consumer, topics)) == 0
                 except KafkaError as exc:  # broker away: look again later
                     log.debug("idle check: %r", exc)
                     done = False
                 since = (since or time.monotonic()) if done else None
                 if since is not None and time.monotonic() - since >= idle_exit_s:
-                    log.info("stream: %s committed to its end for %.0f s: cancelling the job", topic, idle_exit_s)
+                    log.info("stream: %s committed for %.0f s: cancelling the job", ", ".join(topics), idle_exit_s)
                     cancel()
                     return "CANCELLED"
             time.sleep(poll_s)

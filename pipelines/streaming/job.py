@@ -43,6 +43,7 @@ from apache_beam.io.restriction_trackers import OffsetRange, OffsetRestrictionTr
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.transforms.core import RestrictionProvider
 from apache_beam.transforms.window import TimestampedValue
+from apache_beam.typehints.native_type_compatibility import convert_to_beam_type
 from apache_beam.utils.timestamp import Duration
 
 from pipelines.features.decode import decode_indexed
@@ -54,6 +55,7 @@ from pipelines.streaming.config import StreamConfig
 from pipelines.streaming.keyed import (
     FLUSHED,
     FLUSHED_WITH_REPS,
+    PENDING,
     AppendUserHistoryFn,
     WalltimeWatermark,
     WriteHistoriesFn,
@@ -232,9 +234,7 @@ class _ReadPartitionFn(beam.DoFn):
         yield from (TimestampedValue(kv, stamp) for kv in split_by_user(events))
         if len(decoded.dead_rows):
             yield TaggedOutput(DEAD, (element.partition, offsets[decoded.dead_rows], decoded.result.dead_letters))
-        gaps = np.setdiff1d(np.arange(position, after, dtype=np.int64), offsets)
-        if len(gaps):
-            yield TaggedOutput(ACKS, (element.partition, gaps))
+        yield from _gaps(element.partition, position, after, offsets)
 
     def teardown(self) -> None:
         self._poller.close()
@@ -242,11 +242,49 @@ class _ReadPartitionFn(beam.DoFn):
         self._refetch.close()
 
 
-def _record_read(events: int, dead_letters: pa.Table) -> None:
+class _ReadCandidateSetsFn(_ReadPartitionFn):
+    """A partition of the candidates topic: each polled batch's sets of the configured stage, one table
+    per user, stamped with the time read (:func:`pipelines.streaming.pairs.keyed_sets`); unreadable
+    ones as dead letters; other stages' offsets acknowledged at once."""
+
+    def _emit(self, element: PartitionStart, batch: Any, position: int, after: int) -> Iterator[Any]:
+        from pipelines.io.deadletters import dead_letter_table
+        from pipelines.io.kafka.candidate_sets import decode_candidate_sets
+        from pipelines.streaming.pairs import keyed_sets
+
+        payloads = batch.payloads.take(np.arange(len(batch)))
+        decoded = decode_candidate_sets(payloads)
+        stamp = time.time()
+        sets, others = keyed_sets(decoded, element.partition, batch.offsets, self._config.stage)
+        yield from (TimestampedValue(kv, stamp) for kv in sets)
+        if len(others):
+            yield TaggedOutput(ACKS, (element.partition, others))
+        bad = np.asarray(sorted(decoded.bad), np.int64)
+        dead = dead_letter_table(
+            "candidates",
+            [
+                (decoded.bad[i], "not a candidate set (see the reason)", payloads[i], source)
+                for i, source in zip(bad.tolist(), batch.sources(bad), strict=True)
+            ],
+        )
+        _record_read(len(batch) - len(bad), dead, kind="candidate_sets")
+        if len(bad):
+            yield TaggedOutput(DEAD, (element.partition, batch.offsets[bad], dead))
+        yield from _gaps(element.partition, position, after, batch.offsets)
+
+
+def _gaps(partition: int, position: int, after: int, offsets: np.ndarray) -> Iterator[TaggedOutput]:
+    """Acknowledgements of the offsets in [position, after) that held no record."""
+    gaps = np.setdiff1d(np.arange(position, after, dtype=np.int64), offsets)
+    if len(gaps):
+        yield TaggedOutput(ACKS, (partition, gaps))
+
+
+def _record_read(events: int, dead_letters: pa.Table, kind: str = "events") -> None:
     from pipelines.streaming.metrics import shared_metrics
 
     metrics = shared_metrics("stream")
-    metrics.read("events", events)
+    metrics.read(kind, events)
     if dead_letters.num_rows:
         for reason, n in Counter(dead_letters.column("reason").to_pylist()).items():
             metrics.dead(reason, n)
@@ -255,40 +293,101 @@ def _record_read(events: int, dead_letters: pa.Table) -> None:
 def build_stream(
     p: beam.Pipeline, connection: KafkaConnection, config: StreamConfig, starts: Sequence[PartitionStart]
 ) -> None:
-    """Add the streaming histories job to ``p`` (a streaming pipeline)."""
-    read = (
-        p
-        | "Partitions" >> beam.Create(list(starts))
-        | "ReadPartition"
-        >> beam.ParDo(_ReadPartitionFn(connection, config))
-        .with_output_types(tuple[int, pa.Table])
-        .with_outputs(ACKS, DEAD, main="events")
-    )
-    appended = _append_histories(read["events"], config)
+    """Add the streaming histories job to ``p`` (a streaming pipeline); ``starts`` name every partition
+    of ``config.topics``."""
+    read = _read(p, connection, config, starts, config.topic, "")
+    events = read["events"]
+    sets, candidates = None, config.candidates_topic
+    if candidates is not None:
+        sets = _read(p, connection, config, starts, candidates, "CandidateSets")
+        events = (events, sets["events"]) | "EventsAndSets" >> beam.Flatten().with_output_types(tuple[int, pa.Table])
+    appended, pending = _append_histories(events, config)
     flushed = appended | "WriteHistories" >> beam.ParDo(WriteHistoriesFn(connection, config)).with_output_types(FLUSHED)
     if config.refresh:
         acks = flushed | "Refresh" >> Refresh(config)
     else:
         acks = flushed | "FlushedAcks" >> beam.FlatMap(lambda done: done[1])
-    written = read[DEAD] | "WriteDeadLetters" >> beam.ParDo(WriteDeadLettersFn(connection, config))
-    commit = CommitOnCheckpointFn if config.checkpointed else CommitOffsetsFn
-    _ = (
-        (acks, written, read[ACKS])
-        | "AllAcks" >> beam.Flatten()
-        | "CommitOffsets" >> beam.ParDo(commit(connection, config, {s.partition: s.start for s in starts}))
+    _commit(connection, config, starts, config.topic, "", [acks, *_written(read, connection, config, "")])
+    if candidates is not None and sets is not None and pending is not None:
+        from pipelines.streaming.pairs import ComputePairs
+
+        pairs = pending | "Pairs" >> ComputePairs(config)
+        prefix = "CandidateSets"
+        acks = [pairs, *_written(sets, connection, config, prefix)]
+        _commit(connection, config, starts, candidates, prefix, acks)
+
+
+def _read(
+    p: beam.Pipeline,
+    connection: KafkaConnection,
+    config: StreamConfig,
+    starts: Sequence[PartitionStart],
+    topic: str,
+    prefix: str,
+) -> Any:
+    """Every partition of ``topic``, read: keyed tables (``events``), dead letters and acknowledgements."""
+    reader = _ReadCandidateSetsFn if prefix else _ReadPartitionFn
+    return (
+        p
+        | f"{prefix}Partitions" >> beam.Create([s for s in starts if s.topic == topic])
+        | f"Read{prefix or 'Partition'}"
+        >> beam.ParDo(reader(connection, config))
+        .with_output_types(tuple[int, pa.Table])
+        .with_outputs(ACKS, DEAD, main="events")
     )
 
 
-def _append_histories(events: beam.PCollection, config: StreamConfig) -> beam.PCollection:
-    """The keyed flush; with ``--rep-history``, keeping the historical representations and writing them."""
-    if not config.rep_history:
-        return events | "AppendHistories" >> beam.ParDo(AppendUserHistoryFn(config)).with_output_types(FLUSHED)
-    from pipelines.streaming.rep_history import RepHistoryStep, WriteRepHistoriesFn  # imports torch
+def _written(read: Any, connection: KafkaConnection, config: StreamConfig, prefix: str) -> list[beam.PCollection]:
+    """A reader's dead letters written (then acknowledged), and its own acknowledgements."""
+    written = read[DEAD] | f"Write{prefix}DeadLetters" >> beam.ParDo(WriteDeadLettersFn(connection, config))
+    return [written, read[ACKS]]
 
-    appended = events | "AppendHistories" >> beam.ParDo(
-        AppendUserHistoryFn(config, RepHistoryStep(config))
-    ).with_output_types(FLUSHED_WITH_REPS)
-    return appended | "WriteRepHistories" >> beam.ParDo(WriteRepHistoriesFn(config)).with_output_types(FLUSHED)
+
+def _commit(
+    connection: KafkaConnection,
+    config: StreamConfig,
+    starts: Sequence[PartitionStart],
+    topic: str,
+    prefix: str,
+    acks: list[beam.PCollection],
+) -> None:
+    """Commit ``topic``'s acknowledged offsets to the group (on Flink once a checkpoint covers them)."""
+    import dataclasses
+
+    commit = CommitOnCheckpointFn if config.checkpointed else CommitOffsetsFn
+    begin = {s.partition: s.start for s in starts if s.topic == topic}
+    config = dataclasses.replace(config, topic=topic, candidates_topic=None)  # what the committer commits
+    _ = (
+        tuple(acks)
+        | f"All{prefix}Acks" >> beam.Flatten()
+        | f"Commit{prefix}Offsets" >> beam.ParDo(commit(connection, config, begin))
+    )
+
+
+def _append_histories(events: beam.PCollection, config: StreamConfig) -> tuple[beam.PCollection, Any]:
+    """The keyed flush; with ``--rep-history``, keeping the historical representations and writing them.
+    Second, with ``--candidates-topic``: the (history row, candidate sets) that met in the keyed state."""
+    reps = None
+    if config.rep_history:
+        from pipelines.streaming.rep_history import RepHistoryStep  # imports torch
+
+        reps = RepHistoryStep(config)
+    step = beam.ParDo(AppendUserHistoryFn(config, reps)).with_output_types(FLUSHED_WITH_REPS if reps else FLUSHED)
+    pending = None
+    if config.candidates_topic is None:
+        appended = events | "AppendHistories" >> step
+    else:
+        from pipelines.streaming.pairs import PAIRS
+
+        outputs = events | "AppendHistories" >> step.with_outputs(PAIRS, main="flushed")
+        appended, pending = outputs["flushed"], outputs[PAIRS]
+        pending.element_type = convert_to_beam_type(PENDING)  # tables cross stages in ArrowTableCoder, never pickled
+    if reps is None:
+        return appended, pending
+    from pipelines.streaming.rep_history import WriteRepHistoriesFn
+
+    written = appended | "WriteRepHistories" >> beam.ParDo(WriteRepHistoriesFn(config)).with_output_types(FLUSHED)
+    return written, pending
 
 
 #: partition -> (committed offset, commit metadata), None where the group has committed nothing.

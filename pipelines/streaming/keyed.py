@@ -56,6 +56,7 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.coders import TupleCoder, VarIntCoder
 from apache_beam.io.watermark_estimators import WalltimeWatermarkEstimator
+from apache_beam.pvalue import TaggedOutput
 from apache_beam.transforms.core import WatermarkEstimatorProvider
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
@@ -69,6 +70,7 @@ from pipelines.io.shards import split_by, split_by_shard
 from pipelines.schemas.layouts import HISTORY
 from pipelines.streaming.acks import open_sink
 from pipelines.streaming.config import StreamConfig
+from pipelines.streaming.pairs import PAIRS, is_candidate_sets
 from pipelines.streaming.state import (
     OFFSET,
     PARTITION,
@@ -82,6 +84,7 @@ from pipelines.streaming.user_merge import merge_user
 __all__ = [
     "FLUSHED",
     "FLUSHED_WITH_REPS",
+    "PENDING",
     "AppendUserHistoryFn",
     "FirstSight",
     "WalltimeWatermark",
@@ -111,6 +114,8 @@ FlushedWithReps = tuple[pa.Table, list[tuple[int, np.ndarray]], pa.Table]
 #: pickled: a pickled slice of a table carries its parent's whole buffers (tens of kB for one row).
 FLUSHED = tuple[pa.Table, Any]
 FLUSHED_WITH_REPS = tuple[pa.Table, Any, pa.Table]
+#: (a user's current HISTORY row, 0 or 1 rows; that user's candidate sets): ``stream --candidates-topic``.
+PENDING = tuple[pa.Table, pa.Table]
 
 
 class RepStep(Protocol):
@@ -198,15 +203,31 @@ class AppendUserHistoryFn(beam.DoFn):
         stamp: Any = beam.DoFn.TimestampParam,
         state: Any = USER_STATE,
         flush: Any = FLUSH,
-    ) -> Iterator[Flushed]:
-        _, table = element
+    ) -> Iterator[Flushed | TaggedOutput]:
+        user, table = element
         if not table.num_rows:
+            return
+        if is_candidate_sets(table):  # they meet the user's freshest state: see pipelines.streaming.pairs
+            yield TaggedOutput(PAIRS, (self._current_row(user, table, state), table))
             return
         state.add((EVENTS, table))
         slot = flush_slot(Timestamp.of(stamp).micros, self._config.flush_interval_s)
         flush.set(Timestamp(micros=slot.end_micros), dynamic_timer_tag=str(slot.number))
-        return
-        yield  # a generator: output comes from the timer
+
+    def _current_row(self, user: int, table: pa.Table, state: Any) -> pa.Table:
+        """The user's HISTORY row as the next flush would write it (0 rows for a user without one):
+        the flushed row, or the flush files' for a user this job has not flushed, with the events
+        still buffered merged in. The state is left as it is."""
+        held = list(state.read())
+        rows = [t for kind, t in held if kind == ROW]
+        previous = rows[-1] if rows else self._first_sight(user, table)
+        pending = [t for kind, t in held if kind == EVENTS and t.num_rows]
+        if not pending:
+            return previous
+        return merge_user(pa.concat_tables(pending), previous, max_history=self._config.max_history)
+
+    def _first_sight(self, user: int, table: pa.Table) -> pa.Table:
+        return _FIRST_SIGHT.row_of(self._config.output, _shard_of(table, self._config.num_shards), user)
 
     @on_timer(_FLUSH)
     def on_flush(
@@ -221,7 +242,7 @@ class AppendUserHistoryFn(beam.DoFn):
         rows = [t for kind, t in held if kind == ROW]
         previous = rows[-1] if rows else None
         if previous is None:  # first sight (a fresh job): the flush files hold its history so far
-            previous = _FIRST_SIGHT.row_of(self._config.output, _shard_of(events, self._config.num_shards), user)
+            previous = self._first_sight(user, events)
             _record_new_user()
         row = merge_user(events, previous, max_history=self._config.max_history)
         state.clear()
@@ -248,8 +269,9 @@ def flush_slot(stamp_micros: int, interval_s: float) -> Slot:
     return Slot(number, (number + 1) * width)
 
 
-def _shard_of(events: pa.Table, num_shards: int) -> int:
-    return split_by_shard(events.slice(0, 1), num_shards)[0][0]
+def _shard_of(table: pa.Table, num_shards: int) -> int:
+    """The shard of the user of ``table`` (rows with ``user_id``, one user's)."""
+    return split_by_shard(table.slice(0, 1), num_shards)[0][0]
 
 
 class WriteHistoriesFn(beam.DoFn):

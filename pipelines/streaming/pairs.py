@@ -1,0 +1,264 @@
+"""Candidate sets inside the streaming graph: pair representations next to the user's freshest state.
+
+With ``stream --candidates-topic``, a second reader (:class:`ReadCandidateSetsFn`) reads
+the ranking funnel's candidate sets (CANDIDATE_SET JSON) beside the events, keyed by
+``user_id`` like them. Sets of the configured stage go to the same keyed step as the
+events (:class:`pipelines.streaming.keyed.AppendUserHistoryFn`), where each meets its
+user's keyed state: the flushed history plus the events still buffered, merged as the
+next flush would. So no process holds every user's history: a set is answered where
+its user's state lives. Unreadable sets become dead letters; sets of other stages are
+acknowledged at once.
+
+:class:`ComputePairs` (Beam's RunInference with :class:`PairsModelHandler`, the model
+shared by a worker's threads) takes the (history row, candidate sets) pairs, batched
+up to :data:`BATCH_TOKENS` tokens (each set's history length plus its ads), drops the
+sets past their deadline (counted, never computed late), reads their pairs from the
+store and skips those already fresh (:func:`pipelines.streaming.pair_work.plan_pairs`),
+computes the rest (each set's history encoded once), writes them to the store, and only
+then passes the sets' offsets on to be committed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInference
+
+from pipelines.errors import ConfigError
+from pipelines.io.shards import split_by
+from pipelines.schemas.enums import FUNNEL_STAGE_CODE
+from pipelines.streaming.config import StreamConfig
+from pipelines.streaming.pair_work import CandidateWork, plan_pairs, split_by_deadline
+from pipelines.streaming.state import OFFSET, PARTITION
+
+__all__ = [
+    "BATCH_TOKENS",
+    "PAIRS",
+    "ComputePairs",
+    "PairsModelHandler",
+    "candidate_work",
+    "is_candidate_sets",
+    "load_ad_catalog",
+    "newest_rows",
+    "write_pairs",
+]
+
+#: The keyed step's output of (the user's current HISTORY row, that user's candidate sets).
+PAIRS = "pairs"
+#: Tokens per call of the pairs' model handler: a set weighs its history's length plus its ads.
+BATCH_TOKENS = 16_384
+#: When the reader took a set (seconds since the epoch), beside ``_partition`` and ``_offset``.
+RECEIVED = "_received"
+_STAMP = "stage_time"
+
+
+def is_candidate_sets(table: pa.Table) -> bool:
+    """Whether a keyed table holds candidate sets (CANDIDATE_SET rows) rather than events."""
+    return "request_id" in table.schema.names
+
+
+def candidate_work(sets: pa.Table) -> list[CandidateWork]:
+    """The keyed step's candidate-set rows (CANDIDATE_SET + ``_partition``, ``_offset``, ``_received``)
+    as :class:`CandidateWork`."""
+    columns = sets.to_pydict()
+    stage = sets.column(_STAMP).cast(pa.int64()).to_pylist()
+    needed = sets.column("needed_by").cast(pa.int64()).to_pylist()
+    return [
+        CandidateWork(
+            partition=int(columns[PARTITION][i]),
+            offset=int(columns[OFFSET][i]),
+            request_id=columns["request_id"][i],
+            user_id=int(columns["user_id"][i]),
+            surface=int(columns["surface"][i]),
+            stage_ms=stage[i],
+            needed_by_ms=needed[i],
+            ad_ids=np.asarray(columns["ad_ids"][i], np.int64),
+            received_s=float(columns[RECEIVED][i]),
+        )
+        for i in range(sets.num_rows)
+    ]
+
+
+def newest_rows(rows: Sequence[pa.Table]) -> pa.Table:
+    """HISTORY rows (0 or 1 each) as one table, one row per user: the one holding the most events
+    (a user's later state only grows, and a capped one keeps its newest events' time)."""
+    held = [r for r in rows if r.num_rows]
+    if not held:
+        from pipelines.schemas.layouts import HISTORY
+
+        return HISTORY.schema.empty_table()
+    table = pa.concat_tables(held)
+    users = table.column("user_id").to_numpy()
+    last = table.column("last_event_time").cast(pa.int64()).fill_null(0).to_numpy()
+    count = table.column("num_events_total").to_numpy()
+    order = np.lexsort((count, last, users))
+    keep = np.r_[users[order][1:] != users[order][:-1], True]
+    return table.take(pa.array(order[keep]))
+
+
+def load_ad_catalog(path: str) -> pa.Table:
+    """An ad catalog Parquet file (``item_id``, ``advertiser_id``, ``item_category``), as
+    :func:`pipelines.model.inputs.ad_catalog` gives; a missing file or column is a ConfigError."""
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise ConfigError("--ad-catalog", f"cannot read {path!r}: {exc}", "pass a Parquet ad catalog") from exc
+    wanted = {"item_id": pa.int64(), "advertiser_id": pa.int64(), "item_category": pa.int32()}
+    missing = sorted(set(wanted) - set(table.schema.names))
+    if missing:
+        raise ConfigError(
+            "--ad-catalog",
+            f"{path!r} lacks {', '.join(missing)}",
+            "pass a table of item_id, advertiser_id, item_category",
+        )
+    return pa.table({name: table.column(name).cast(kind) for name, kind in wanted.items()})
+
+
+def write_pairs(
+    refresher: Any, store: Any, model_version: str, histories: pa.Table, work: list[CandidateWork], max_age_s: float
+) -> tuple[int, int, int]:
+    """Compute and write the pairs of ``work`` (sets in time) that the store does not hold fresh, on
+    ``histories`` (the sets' users' HISTORY rows): (computed, fresh, repeated)."""
+    from pipelines.streaming.pair_work import pair_keys
+
+    users, ads = pair_keys(work)
+    last = dict(
+        zip(
+            histories.column("user_id").to_pylist(),
+            histories.column("last_event_time").cast(pa.int64()).fill_null(0).to_pylist(),
+            strict=True,
+        )
+    )
+    stored = store.read_arrays(users, ads, np.ones(len(users), bool), max_age_s=max_age_s)
+    plan = plan_pairs(work, stored, last, model_version)
+    if plan.requests.num_rows:
+        table = refresher.pairs(histories, plan.requests, computed_at_ms=int(time.time() * 1000))
+        store.write_batch(table)
+    return plan.pairs_to_compute, plan.pairs_fresh, plan.pairs_repeated
+
+
+class PairWriting:
+    """What RunInference loads once per worker process: the model's :class:`Refresher`, the store and
+    the ad catalog, used by one thread at a time (the catalog grows; the store client is not thread-safe)."""
+
+    def __init__(self, config: StreamConfig) -> None:
+        import torch
+
+        from pipelines.model.checkpoint import load_model
+        from pipelines.precompute.refresh import Refresher
+        from pipelines.store import open_store
+
+        assert config.model is not None and config.store is not None  # StreamConfig checks both
+        torch.set_num_threads(config.torch_threads)
+        model = load_model(config.model, device=config.device)
+        catalog = load_ad_catalog(config.ad_catalog) if config.ad_catalog else None
+        self.model_version = model.model_version
+        self._refresher = Refresher(model, model.model_version, catalog=catalog)
+        self._store = open_store(config.store)
+        self._max_age_s = config.pair_max_age_s
+        self._lock = threading.Lock()
+
+    def write(self, histories: pa.Table, work: list[CandidateWork]) -> tuple[int, int, int]:
+        with self._lock:
+            return write_pairs(self._refresher, self._store, self.model_version, histories, work, self._max_age_s)
+
+
+#: (the user's current HISTORY row, 0 or 1 rows; the user's candidate sets).
+Pending = tuple[pa.Table, pa.Table]
+
+
+def pending_tokens(element: Pending) -> int:
+    """An element's weight for ``BatchElements``: its history's events plus its ads, at least 1 and at
+    most :data:`BATCH_TOKENS` (no element outweighs a batch)."""
+    row, sets = element
+    history = len(row.column("events")[0]) if row.num_rows else 0
+    ads = len(sets.column("ad_ids").combine_chunks().flatten())
+    return max(1, min(history + ads, BATCH_TOKENS))
+
+
+class PairsModelHandler(ModelHandler[Pending, PredictionResult, PairWriting]):
+    """RunInference's handler: a batch of (history row, candidate sets) → the sets in time get their
+    pairs computed and written (skipping fresh ones), the late ones are counted → each element's
+    acknowledgements, as its ``PredictionResult``'s example (so they go on only after the write)."""
+
+    def __init__(self, config: StreamConfig) -> None:
+        super().__init__()
+        self._config = config
+
+    def load_model(self) -> PairWriting:
+        return PairWriting(self._config)
+
+    def run_inference(
+        self, batch: Sequence[Pending], model: PairWriting, inference_args: dict[str, Any] | None = None
+    ) -> Iterable[PredictionResult]:
+        from pipelines.streaming.metrics import shared_metrics
+
+        started = time.perf_counter()
+        work = [w for _, sets in batch for w in candidate_work(sets)]
+        grace_ms = int(self._config.deadline_grace_s * 1000)
+        live, late = split_by_deadline(work, int(time.time() * 1000), grace_ms)
+        live.sort(key=lambda w: w.needed_by_ms)  # earliest deadline first
+        metrics = shared_metrics("stream")
+        outcome = (0, 0, 0)
+        if live:
+            outcome = model.write(newest_rows([row for row, _ in batch]), live)
+            written_ms = time.time() * 1000
+            metrics.fresh("candidate_to_pair", [(written_ms - w.stage_ms) / 1000 for w in live])
+        for name, n in zip(("computed", "fresh", "repeated"), outcome, strict=True):
+            metrics.pairs.labels(metrics.pipeline, name).inc(n)
+        if late:
+            metrics.deadline_dropped.labels(metrics.pipeline).inc(len(late))
+            metrics.pairs.labels(metrics.pipeline, "late").inc(sum(len(w.ad_ids) for w in late))
+        metrics.step("pairs", time.perf_counter() - started)
+        return [PredictionResult(_acks(sets), None, model_id=model.model_version) for _, sets in batch]
+
+    def get_num_bytes(self, batch: Sequence[Pending]) -> int:
+        return sum(row.nbytes + sets.nbytes for row, sets in batch)
+
+    def get_metrics_namespace(self) -> str:
+        return "stream_pairs"
+
+    def batch_elements_kwargs(self) -> Mapping[str, Any]:
+        return {"min_batch_size": BATCH_TOKENS, "max_batch_size": BATCH_TOKENS, "element_size_fn": pending_tokens}
+
+
+def _acks(sets: pa.Table) -> list[tuple[int, np.ndarray]]:
+    partitions, offsets = sets.column(PARTITION).to_numpy(), sets.column(OFFSET).to_numpy()
+    return [(int(p), offsets[partitions == p]) for p in np.unique(partitions)]
+
+
+class ComputePairs(beam.PTransform):
+    """(history row, candidate sets) → their pairs in the store → the sets' acknowledgements."""
+
+    def __init__(self, config: StreamConfig) -> None:
+        super().__init__()
+        self._handler = PairsModelHandler(config)
+
+    def expand(self, pending: beam.PCollection) -> beam.PCollection:
+        return (
+            pending
+            | "RunInference" >> RunInference(self._handler)
+            | "Written" >> beam.FlatMap(lambda result: result.example)
+        )
+
+
+def keyed_sets(
+    decoded: Any, partition: int, offsets: np.ndarray, stage: str
+) -> tuple[list[tuple[int, pa.Table]], np.ndarray]:
+    """A decoded batch's candidate sets of ``stage``, one table per user (with ``_partition``,
+    ``_offset`` and ``_received``), and the offsets of the other stages' sets (done at once)."""
+    table, rows = decoded.table, offsets[decoded.rows]
+    wanted = np.asarray(table.column("stage").to_numpy(zero_copy_only=False) == FUNNEL_STAGE_CODE[stage])
+    table, others, rows = table.filter(pa.array(wanted)), rows[~wanted], rows[wanted]
+    table = table.append_column(PARTITION, pa.array(np.full(len(rows), partition, np.int32)))
+    table = table.append_column(OFFSET, pa.array(rows, pa.int64()))
+    table = table.append_column(RECEIVED, pa.array(np.full(len(rows), time.time())))
+    return split_by(table, table.column("user_id").to_numpy()), others
