@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import threading
@@ -292,3 +293,21 @@ class HarnessCpu:
 
     def lines(self) -> list[str]:
         return [f"pid {p} (parent {self.parents[p]}): {s:.1f} CPU s" for p, s in sorted(self.seconds.items())]
+
+
+def stop_job(job: subprocess.Popen[Any], cluster: OwnFlink | None) -> None:
+    """End a ``pipelines`` job started in a session of its own: on Flink, cancel it on the cluster first
+    (its slots are free again on return); then SIGTERM, SIGKILL after 20 s."""
+    if cluster is not None:
+        deadline = time.time() + 60
+        while (jid := cluster.running_job()) and time.time() < deadline:
+            cluster.cancel(jid)
+            time.sleep(1)
+    if job.poll() is not None:
+        return
+    os.killpg(job.pid, signal.SIGTERM)
+    try:
+        job.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()

@@ -34,7 +34,6 @@ from __future__ import annotations
 import bisect
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -53,7 +52,7 @@ import pyarrow.compute as pc  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from bench.common import QUICK, WORK, kafka_connection, result, untrained_model  # noqa: E402
-from bench.flink_parts import OwnFlink, own_flink, own_flink_missing  # noqa: E402
+from bench.flink_parts import OwnFlink, own_flink, own_flink_missing, stop_job  # noqa: E402
 
 BOUND_S = 1.0
 FLUSH_S = 0.25
@@ -214,23 +213,6 @@ def _p50(lat: np.ndarray) -> float:
     return float(np.percentile(lat, 50)) if len(lat) else float("nan")
 
 
-def stop(job: subprocess.Popen[bytes], cluster: OwnFlink | None) -> None:
-    """End the job: on Flink, cancel it on the cluster first (its slots are free again on return)."""
-    if cluster is not None:
-        deadline = time.time() + 60
-        while (jid := cluster.running_job()) and time.time() < deadline:
-            cluster.cancel(jid)
-            time.sleep(1)
-    if job.poll() is not None:
-        return
-    os.killpg(job.pid, signal.SIGTERM)
-    try:
-        job.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(job.pid, signal.SIGKILL)
-        job.wait()
-
-
 def measure(rate: int, cluster: OwnFlink | None = None) -> Legs:
     """One streaming job (on ``cluster`` at parallelism 2, else Prism) on a fresh topic fed ``rate``
     events/s for SECONDS: both legs' latencies."""
@@ -312,7 +294,7 @@ def measure(rate: int, cluster: OwnFlink | None = None) -> Legs:
         watcher.stop.set()
         stored.stop.set()
         sink.close()
-        stop(job, cluster)
+        stop_job(job, cluster)
     watcher.scan()
     stored.join(timeout=5)
     stored.store.clear()

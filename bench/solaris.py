@@ -23,6 +23,12 @@ without the job``.
 ``RESULT solaris-exact ratio=<exact share at the highest rate where it is >= 0.95>/0.95``
 (the lowest rate's share when none holds), target 1. QUICK: rates 5 and 20 for 15 s.
 SOLARIS_RATES=5,20,50 and SOLARIS_SECONDS override.
+
+``SOLARIS_JOB=stream`` sends the same sets through the stream graph instead
+(``stream --candidates-topic``, :mod:`bench.solaris_stream`): its keyed state seeded by
+streaming the world's events first, then every rate on Prism (``RESULT solaris-exact-stream``)
+and on a Flink cluster of the bench's own at parallelism 2 (``RESULT solaris-exact-flink``;
+``SKIP`` where its parts are missing). No events flow while the sets do.
 """
 
 from __future__ import annotations
@@ -30,7 +36,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -51,6 +56,7 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 from bench.common import QUICK, WORK, generate, kafka_connection, result, untrained_model  # noqa: E402
+from bench.solaris_stream import CandidatesJobRunner, JobRunner  # noqa: E402
 
 if TYPE_CHECKING:
     from pipelines.io.kafka.produce import KafkaSink
@@ -63,7 +69,9 @@ POLL_S = 0.02
 RATES = [int(r) for r in os.environ.get("SOLARIS_RATES", "5,20" if QUICK else "5,20,50").split(",")]
 SECONDS = float(os.environ.get("SOLARIS_SECONDS", 15 if QUICK else 60))
 USERS, DAYS = (1_000, 7) if QUICK else (3_000, 7)
-BATCH = os.environ.get("SOLARIS_BATCH", "1")  # candidate sets per job batch (the job's --batch-requests)
+BATCH = os.environ.get("SOLARIS_BATCH", "1")
+#: "candidates" (the separate job, default) or "stream" (the sets through the stream graph, Prism then Flink)
+JOB = os.environ.get("SOLARIS_JOB", "candidates")  # candidate sets per job batch (the job's --batch-requests)
 PATH_NAMES = ("exact", "same_user_pair", "same_user", "similar_users", "none")
 
 
@@ -100,23 +108,53 @@ def main() -> None:
     model = untrained_model(root / "model")
     world = _World.load(funnel_path, features, model)
     baseline = _baseline_exact(world, root)
-    runs = []
-    offset = 0
+    if JOB == "stream":
+        _stream_graph(world, root, events, baseline)
+        return
+    _result("solaris-exact", world, _rates(world, root), baseline, "the candidates job")
+
+
+def _rates(world: _World, root: Path, runner: JobRunner | None = None) -> list[Run]:
+    """Every rate of RATES, each on its own slice of the funnel's requests."""
+    runs, offset = [], 0
     for rate in RATES:
         count = int(rate * SECONDS)
-        runs.append(measure(world, root, rate, offset, count))
+        runs.append(measure(world, root, rate, offset, count, runner))
         offset += count
         _report(runs[-1])
+    return runs
+
+
+def _result(name: str, world: _World, runs: list[Run], baseline: float, job: str) -> None:
     held = [r for r in runs if r.exact_share >= TARGET]
     chosen = max(held, key=lambda r: r.rate) if held else min(runs, key=lambda r: r.rate)
     met = ", ".join(str(r.rate) for r in held) or "none"
     result(
-        "solaris-exact",
+        name,
         chosen.exact_share / TARGET,
         1,
         f"exact share {chosen.exact_share:.3f} of late-stage ads at {chosen.rate} requests/s of "
-        f"~{world.early_size} candidates (>= {TARGET} at: {met} req/s; without the job: {baseline:.3f})",
+        f"~{world.early_size} candidates, {job} (>= {TARGET} at: {met} req/s; without a job: {baseline:.3f})",
     )
+
+
+def _stream_graph(world: _World, root: Path, events: Path, baseline: float) -> None:
+    """The same sets through ``stream --candidates-topic``: on Prism, then on Flink at parallelism 2."""
+    from bench.flink_parts import own_flink, own_flink_missing
+    from bench.solaris_stream import seed_stream
+
+    print(f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
+    graph = seed_stream(events, world.features, world.model, root, kafka_connection().bootstrap)
+    _result("solaris-exact-stream", world, _rates(world, root, graph), baseline, graph.name)
+    missing = own_flink_missing()
+    if missing:
+        print(f"SKIP solaris-exact-flink {missing}", flush=True)
+        return
+    with own_flink(root / f"flink-{uuid.uuid4().hex[:8]}", slots=1) as cluster:
+        graph.cluster = cluster
+        runs = _rates(world, root, graph)
+    _result("solaris-exact-flink", world, runs, baseline, graph.name)
+    print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
 
 
 @dataclass
@@ -228,7 +266,7 @@ class _Watcher(threading.Thread):
                         self.pending.pop(request, None)
 
 
-def measure(world: _World, root: Path, rate: int, first: int, count: int) -> Run:
+def measure(world: _World, root: Path, rate: int, first: int, count: int, runner: JobRunner | None = None) -> Run:
     from pipelines.io.kafka.candidate_sets import candidate_sets_to_wire
     from pipelines.io.kafka.produce import KafkaSink, delete_topics, ensure_topic
 
@@ -238,14 +276,8 @@ def measure(world: _World, root: Path, rate: int, first: int, count: int) -> Run
     ensure_topic(connection, topic, 2)
     uri = _store(world, root)
     log = open(root / f"{topic}.log", "wb")
-    job = subprocess.Popen(
-        [
-            sys.executable, "-m", "pipelines", "solaris", "--topic", topic, "--group", topic,
-            "--histories", str(world.features), "--model", str(world.model), "--store", uri,
-            "--bootstrap-servers", bootstrap, "--batch-requests", BATCH,
-        ],
-        stdout=subprocess.PIPE, stderr=log, start_new_session=True, text=True,
-    )  # fmt: skip
+    runner = runner or CandidatesJobRunner(world.features, world.model, BATCH)
+    job = runner.start(topic, uri, bootstrap, log)
     sink = KafkaSink(connection, topic, linger_ms=0)
     run, watcher, resolver = Run(rate), _Watcher(uri), _resolver(world, uri)
     try:
@@ -256,9 +288,7 @@ def measure(world: _World, root: Path, rate: int, first: int, count: int) -> Run
     finally:
         watcher.stop.set()
         sink.close()
-        os.killpg(job.pid, signal.SIGTERM)
-        out, _ = job.communicate(timeout=60)
-        run.job_line = out.strip().splitlines()[-1] if out.strip() else "(the job printed nothing)"
+        run.job_line = runner.stop(job)
         resolver.store.close()
         watcher.store.close()
         delete_topics(connection, [topic])
