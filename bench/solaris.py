@@ -69,9 +69,14 @@ POLL_S = 0.02
 RATES = [int(r) for r in os.environ.get("SOLARIS_RATES", "5,20" if QUICK else "5,20,50").split(",")]
 SECONDS = float(os.environ.get("SOLARIS_SECONDS", 15 if QUICK else 60))
 USERS, DAYS = (1_000, 7) if QUICK else (3_000, 7)
-BATCH = os.environ.get("SOLARIS_BATCH", "1")
+BATCH = os.environ.get("SOLARIS_BATCH", "1")  # candidate sets per job batch (the job's --batch-requests)
 #: "candidates" (the separate job, default) or "stream" (the sets through the stream graph, Prism then Flink)
-JOB = os.environ.get("SOLARIS_JOB", "candidates")  # candidate sets per job batch (the job's --batch-requests)
+JOB = os.environ.get("SOLARIS_JOB", "candidates")
+#: With SOLARIS_JOB=stream: the runners (prism, flink), and the Flink cluster's settings (FLINK_* of
+#: scripts/flink.sh, e.g. SOLARIS_FLINK_ENV="FLINK_SLOTS=2") and more Beam flags of its job.
+RUNNERS = os.environ.get("SOLARIS_RUNNERS", "prism,flink").split(",")
+FLINK_ENV = dict(kv.split("=", 1) for kv in os.environ.get("SOLARIS_FLINK_ENV", "").split())
+FLINK_FLAGS = os.environ.get("SOLARIS_FLINK_FLAGS", "").split()
 PATH_NAMES = ("exact", "same_user_pair", "same_user", "similar_users", "none")
 
 
@@ -145,13 +150,14 @@ def _stream_graph(world: _World, root: Path, events: Path, baseline: float) -> N
 
     print(f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
     graph = seed_stream(events, world.features, world.model, root, kafka_connection().bootstrap)
-    _result("solaris-exact-stream", world, _rates(world, root, graph), baseline, graph.name)
+    if "prism" in RUNNERS:
+        _result("solaris-exact-stream", world, _rates(world, root, graph), baseline, graph.name)
     missing = own_flink_missing()
-    if missing:
-        print(f"SKIP solaris-exact-flink {missing}", flush=True)
+    if missing or "flink" not in RUNNERS:
+        print(f"SKIP solaris-exact-flink {missing or 'not in SOLARIS_RUNNERS'}", flush=True)
         return
-    with own_flink(root / f"flink-{uuid.uuid4().hex[:8]}", slots=1) as cluster:
-        graph.cluster = cluster
+    with own_flink(root / f"flink-{uuid.uuid4().hex[:8]}", slots=1, **FLINK_ENV) as cluster:
+        graph.cluster, graph.flags = cluster, FLINK_FLAGS
         runs = _rates(world, root, graph)
     _result("solaris-exact-flink", world, runs, baseline, graph.name)
     print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
@@ -305,15 +311,22 @@ def _sets(world: _World, rows: list[int], now_ms: int, gaps: np.ndarray) -> pa.T
     return table.set_column(5, "needed_by", pa.array((now_ms + gaps).tolist()).cast(stamp))
 
 
+#: Warm-up sets, of distinct users (so on Flink every subtask's worker loads its model and state first).
+WARM_UP_SETS = 8
+
+
 def _warm_up(world: _World, sink: KafkaSink, watcher: _Watcher, job: subprocess.Popen, encode: Encode) -> None:
-    """One set with a far deadline; wait until its pairs are in the store (the job is up)."""
-    table = _sets(world, [world.early.num_rows - 1], int(time.time() * 1000), np.array([600_000]))
+    """WARM_UP_SETS sets (the funnel's last ones) with a far deadline; wait until all their pairs are in
+    the store (the job is up, and each worker has loaded its model)."""
+    rows = list(range(world.early.num_rows - WARM_UP_SETS, world.early.num_rows))
+    table = _sets(world, rows, int(time.time() * 1000), np.full(len(rows), 600_000))
     for key, value in encode(table):
         sink.send(value, key)
     sink.flush()
-    user, ad = int(table["user_id"][0].as_py()), int(world.late["ad_ids"][world.early.num_rows - 1].as_py()[0])
+    users = np.asarray(table["user_id"].to_pylist(), np.int64)
+    ads = np.asarray([world.late["ad_ids"][i].as_py()[0] for i in rows], np.int64)
     deadline = time.time() + 300
-    while not watcher.store.read_arrays(np.array([user]), np.array([ad]), np.array([True])).found[0]:
+    while not watcher.store.read_arrays(users, ads, np.ones(len(rows), bool)).found.all():
         if job.poll() is not None or time.time() > deadline:
             sys.exit("the candidates job did not start (see its log under out/bench/solaris)")
         time.sleep(0.1)

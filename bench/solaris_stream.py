@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol
 
@@ -66,6 +66,7 @@ class StreamGraphRunner:
     catalog: Path
     model: Path
     cluster: OwnFlink | None = None
+    flags: list[str] = field(default_factory=list)  # more Beam flags of the Flink job
 
     @property
     def name(self) -> str:
@@ -77,7 +78,7 @@ class StreamGraphRunner:
                 sys.executable, "-m", "pipelines", "stream", "--topic", self.events_topic, "--group", self.group,
                 "--output", str(self.output), "--candidates-topic", topic, "--model", str(self.model),
                 "--store", store, "--ad-catalog", str(self.catalog), "--bootstrap-servers", bootstrap,
-                "--device", "cpu", *(self.cluster.runner_flags() if self.cluster else []),
+                "--device", "cpu", *(self.cluster.runner_flags() + self.flags if self.cluster else []),
             ],
             stdout=subprocess.PIPE, stderr=log, start_new_session=True, text=True,
         )  # fmt: skip
