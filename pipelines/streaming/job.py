@@ -22,6 +22,10 @@ representations, commits. One graph, the same on Prism and Flink:
    durable (:class:`pipelines.streaming.state.OffsetLedger`); on Flink
    (``config.checkpointed``) only once a checkpoint covering the acknowledgement completes.
 
+With ``--candidates-topic`` a second reader feeds the funnel's candidate sets into the same
+keyed step, where each meets its user's state, and ``Pairs`` writes their pair
+representations before their offsets are committed (:mod:`pipelines.streaming.pairs`).
+
 So a commit never gets ahead of what is durable. After a crash (even SIGKILL) the job
 restarts from the committed offsets (on Flink: from its checkpoint), and the merge drops
 events that a history already holds (same event_id): no event lost, none counted twice.
