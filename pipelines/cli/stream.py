@@ -262,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger(__name__).info(
         "stream: %s from %s", args.topic, ", ".join(f"{s.partition}@{s.start}" for s in starts)
     )
-    stop_watching = watch_stream(connection, args.topic, args.group, args.metrics_port)
+    stop_watching = watch_stream(connection, config.topics, args.group, args.metrics_port)
     try:
         with writer_lock(args.output):  # one job per --output; a dead one frees it
             config = _claim(config, len(commits), commits)

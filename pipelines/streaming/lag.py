@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pipelines.io.kafka.config import KafkaConnection
@@ -25,15 +25,22 @@ log = logging.getLogger(__name__)
 
 
 class LagMonitor(threading.Thread):
+    """The lag of ``group`` on every partition of ``topics`` (the events', and the candidate sets')."""
+
     def __init__(
-        self, connection: KafkaConnection, topic: str, group: str, metrics: JobMetrics, interval_s: float = 2.0
+        self,
+        connection: KafkaConnection,
+        topics: Sequence[str],
+        group: str,
+        metrics: JobMetrics,
+        interval_s: float = 2.0,
     ) -> None:
         super().__init__(daemon=True, name="lag-monitor")
-        self._connection, self._topic, self._group = connection, topic, group
+        self._connection, self._topics, self._group = connection, tuple(topics), group
         self._metrics, self._interval = metrics, interval_s
         self.stopped = threading.Event()
-        #: partition -> (messages behind, seconds behind), after each measurement
-        self.last: dict[int, tuple[int, float]] = {}
+        #: (topic, partition) -> (messages behind, seconds behind), after each measurement
+        self.last: dict[tuple[str, int], tuple[int, float]] = {}
 
     def run(self) -> None:
         from kafka import KafkaConsumer
@@ -55,7 +62,7 @@ class LagMonitor(threading.Thread):
     def measure(self, group: Any, peek: Any) -> None:
         from kafka import TopicPartition
 
-        tps = [TopicPartition(self._topic, p) for p in sorted(group.partitions_for_topic(self._topic) or ())]
+        tps = [TopicPartition(t, p) for t in self._topics for p in sorted(group.partitions_for_topic(t) or ())]
         if not tps:
             return
         ends = group.end_offsets(tps)
@@ -66,8 +73,8 @@ class LagMonitor(threading.Thread):
             committed = int(starts[tp]) if found is None else int(found)
             behind = max(0, int(ends[tp]) - committed)
             age = _record_age(peek, tp, committed, now) if behind else 0.0
-            self.last[tp.partition] = (behind, age)
-            self._metrics.lag(self._topic, tp.partition, behind, age)
+            self.last[(tp.topic, tp.partition)] = (behind, age)
+            self._metrics.lag(tp.topic, tp.partition, behind, age)
 
 
 def _record_age(peek: Any, tp: Any, offset: int, now: float) -> float:
@@ -78,7 +85,7 @@ def _record_age(peek: Any, tp: Any, offset: int, now: float) -> float:
     return max(0.0, now - records[0].timestamp / 1000.0) if records else 0.0
 
 
-def stream_status(metrics: JobMetrics, rates: Rates, lag: dict[int, tuple[int, float]], seconds: float) -> str:
+def stream_status(metrics: JobMetrics, rates: Rates, lag: dict[Any, tuple[int, float]], seconds: float) -> str:
     """The streaming job's status line: rates over the last ``seconds``, lag, p99 freshness, state, RSS."""
     behind = lag.values()
     return (
@@ -93,7 +100,7 @@ def stream_status(metrics: JobMetrics, rates: Rates, lag: dict[int, tuple[int, f
 
 
 def watch_stream(
-    connection: KafkaConnection, topic: str, group: str, port: int | None, status_interval_s: float = 5.0
+    connection: KafkaConnection, topics: Sequence[str], group: str, port: int | None, status_interval_s: float = 5.0
 ) -> Callable[[], None]:
     """Start what an operator watches of ``stream``: ``/metrics`` on ``port`` (None: not served), the
     lag monitor, and a status line every ``status_interval_s`` on a terminal. Returns ``stop()``."""
@@ -102,7 +109,7 @@ def watch_stream(
     metrics = shared_metrics("stream")
     if port is not None:
         metrics.serve(port)
-    lag = LagMonitor(connection, topic, group, metrics)
+    lag = LagMonitor(connection, topics, group, metrics)
     lag.start()
     rates = Rates(metrics)
 

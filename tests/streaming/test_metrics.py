@@ -163,3 +163,30 @@ def test_stream_endpoint_during_a_run(
     finally:
         job.wait(timeout=120)
     assert job.returncode == 0, (tmp_path / "log").read_text()[-3000:]
+
+
+@pytest.mark.integration
+def test_the_lag_monitor_measures_every_topic_of_the_group(kafka: KafkaConnection, make_topic: MakeTopic) -> None:
+    """``stream --candidates-topic`` reads two topics: the lag of both is measured, per topic."""
+    from kafka import KafkaConsumer
+
+    from pipelines.streaming.lag import LagMonitor
+    from tests.fixtures.kafka import produce
+
+    events, sets = make_topic(2), make_topic(1)
+    produce(kafka, events, [b'{"a":1}'] * 3, keys=[b"1", b"2", b"3"])
+    produce(kafka, sets, [b'{"b":1}'] * 2)
+    metrics, name = JobMetrics("stream"), f"g-{uuid.uuid4().hex[:8]}"
+    monitor = LagMonitor(kafka, [events, sets], name, metrics)
+    group = KafkaConsumer(**kafka.kafka_python(), group_id=name, enable_auto_commit=False)
+    peek = KafkaConsumer(**kafka.kafka_python(), group_id=None, enable_auto_commit=False)
+    try:
+        monitor.measure(group, peek)
+    finally:
+        group.close()
+        peek.close()
+    behind = {topic: 0 for topic in (events, sets)}
+    for (topic, _), (messages, _) in monitor.last.items():
+        behind[topic] += messages
+    assert behind == {events: 3, sets: 2}
+    assert metrics.value("gem_consumer_lag_messages", topic=sets, partition="0") == 2
