@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol
 
-from bench.flink_parts import OwnFlink, stop_job
+from bench.flink_parts import OwnFlink, free_port, stop_job
 
 
 class JobRunner(Protocol):
@@ -67,25 +67,59 @@ class StreamGraphRunner:
     model: Path
     cluster: OwnFlink | None = None
     flags: list[str] = field(default_factory=list)  # more Beam flags of the Flink job
+    _port: int | None = field(default=None, init=False)  # the running job's /metrics (Prism)
 
     @property
     def name(self) -> str:
         return "stream graph on Flink p=2" if self.cluster else "stream graph on Prism"
 
     def start(self, topic: str, store: str, bootstrap: str, log: IO[bytes]) -> subprocess.Popen[str]:
+        # On Prism the workers run in the job's process, so its /metrics holds the pairs' outcomes; on
+        # Flink they are in the worker pool's processes, which serve none.
+        self._port = None if self.cluster else free_port()
+        served = [] if self._port is None else ["--metrics-port", str(self._port)]
         return subprocess.Popen(
             [
                 sys.executable, "-m", "pipelines", "stream", "--topic", self.events_topic, "--group", self.group,
                 "--output", str(self.output), "--candidates-topic", topic, "--model", str(self.model),
                 "--store", store, "--ad-catalog", str(self.catalog), "--bootstrap-servers", bootstrap,
-                "--device", "cpu", *(self.cluster.runner_flags() + self.flags if self.cluster else []),
+                "--device", "cpu", *served, *(self.cluster.runner_flags() + self.flags if self.cluster else []),
             ],
             stdout=subprocess.PIPE, stderr=log, start_new_session=True, text=True,
         )  # fmt: skip
 
     def stop(self, job: subprocess.Popen[str]) -> str:
+        """Stop the job; its closing line in the candidates job's words, from its metrics where served."""
+        counts = None if self._port is None else pair_outcomes(self._port)
         stop_job(job, self.cluster)
-        return f"{self.name}: pair counts in its metrics (gem_pairs_total), not printed"
+        if counts is None:
+            return f"{self.name}: pair counts not served (the workers' metrics stay in their processes)"
+        return (
+            f"{self.name}: ({counts['computed']:,.0f} pairs computed, {counts['fresh']:,.0f} fresh in the store "
+            f"= compute saved, {counts['repeated']:,.0f} repeated); {counts['dropped']:,.0f} sets past their deadline"
+        )
+
+
+def pair_outcomes(port: int) -> dict[str, float] | None:
+    """``gem_pairs_total`` by outcome and ``gem_deadline_dropped_total`` (as ``dropped``) from the job's
+    /metrics on ``port``; None if it does not answer."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return None
+    counts = {"computed": 0.0, "fresh": 0.0, "repeated": 0.0, "dropped": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "gem_pairs_total" and sample.labels.get("outcome") in counts:
+                counts[sample.labels["outcome"]] += sample.value
+            elif sample.name == "gem_deadline_dropped_total":
+                counts["dropped"] += sample.value
+    return counts
 
 
 def seed_stream(events: Path, features: Path, model: Path, root: Path, bootstrap: str) -> StreamGraphRunner:
