@@ -1,0 +1,170 @@
+"""solaris-efficiency: pairs/s of the stream graph at saturation against batch precompute's plain loop.
+
+The world of ``bench/solaris.py`` (QUICK: 1,000 users; full: 3,000; an untrained model of the
+default GemConfig), its early-stage candidate sets (~200 ads each) with their deadlines lifted
+(``--deadline-grace 3650d``), and a fresh LMDB store per run:
+
+- **graph**: the sets on a topic, all there before the job starts, through ``stream
+  --candidates-topic`` on Prism (its keyed state seeded as ``bench/solaris.py`` does), until
+  ``--idle-exit``. Two sizes (SETS and 3 x SETS sets); the rate is the added pairs over the
+  added seconds (:func:`bench.runners.steady_rate`), so start-up and the idle wait cancel;
+- **loop**: the same 3 x SETS sets in one process, 8 at a time, as the candidates job computes
+  them (:func:`pipelines.streaming.pairs.write_pairs`: skip-if-fresh read, the model's
+  shared-history path, the store write) on the features snapshot's histories.
+
+``RESULT solaris-efficiency ratio=<graph pairs/s / loop pairs/s> target=0.8``. Both at one torch
+thread. SOLARIS_SETS overrides SETS.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+# bench/kafka.py would shadow the kafka-python package: this folder must not be on the path.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+sys.path.insert(0, os.path.dirname(_HERE))
+
+import pyarrow as pa  # noqa: E402
+
+from bench.common import QUICK, WORK, generate, kafka_connection, result, untrained_model  # noqa: E402
+from bench.runners import steady_rate  # noqa: E402
+from bench.solaris_stream import StreamGraphRunner, seed_stream  # noqa: E402
+
+USERS, DAYS = (1_000, 7) if QUICK else (3_000, 7)
+SETS = int(os.environ.get("SOLARIS_SETS", 200 if QUICK else 500))
+TARGET = 0.8
+
+
+def main() -> None:
+    print(f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
+    bootstrap = kafka_connection().bootstrap
+    root = WORK / "solaris-efficiency"
+    folder = root / f"world-{USERS}x{DAYS}-{3 * SETS}"
+    funnel, features = folder / "funnel.parquet", folder / "features"
+    flags = ["--funnel", str(funnel), "--funnel-requests", str(3 * SETS)]
+    events = generate(USERS, DAYS, folder / "events.parquet", flags=flags)
+    if not features.exists():
+        cmd = [sys.executable, "-m", "pipelines", "features", "--input", str(events), "--output", str(features)]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    model = untrained_model(root / "model")
+    sets = _early_sets(funnel)
+    graph = seed_stream(events, features, model, root, bootstrap)
+    small, big = (_graph_run(graph, sets.slice(0, n), root, bootstrap) for n in (SETS, 3 * SETS))
+    graph_rate = steady_rate(small, big)
+    loop_pairs, loop_s = _loop(sets, features, model, graph.catalog, root)
+    loop_rate = loop_pairs / loop_s
+    print(
+        f"graph (Prism): {small[0]:,} pairs in {small[1]:.1f} s, {big[0]:,} in {big[1]:.1f} s: "
+        f"steady {graph_rate:,.0f} pairs/s; loop: {loop_pairs:,} pairs in {loop_s:.1f} s = {loop_rate:,.0f} pairs/s",
+        flush=True,
+    )
+    print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
+    result(
+        "solaris-efficiency",
+        graph_rate / loop_rate,
+        TARGET,
+        f"stream graph on Prism {graph_rate:,.0f} pairs/s at saturation vs the plain loop {loop_rate:,.0f} "
+        f"pairs/s ({3 * SETS} sets of ~{sets['ad_ids'].combine_chunks().value_lengths().to_numpy().mean():.0f} ads)",
+    )
+
+
+def _early_sets(funnel: Path) -> pa.Table:
+    from pipelines.generator.funnel import stage_rows
+    from pipelines.io.parquet import read_table
+    from pipelines.schemas.layouts import CANDIDATE_SET
+
+    return stage_rows(read_table(str(funnel), CANDIDATE_SET), "early").sort_by("request_id")
+
+
+def _pairs(sets: pa.Table) -> int:
+    return int(sets["ad_ids"].combine_chunks().value_lengths().to_numpy().sum())
+
+
+def _graph_run(graph: StreamGraphRunner, sets: pa.Table, root: Path, bootstrap: str) -> tuple[int, float]:
+    """(pairs asked, seconds) of one ``stream --candidates-topic`` run over ``sets`` (on their topic
+    before it starts) until its idle exit."""
+    from pipelines.io.kafka.candidate_sets import candidate_sets_to_wire
+    from pipelines.io.kafka.produce import KafkaSink, delete_topics, ensure_topic
+
+    connection = kafka_connection()
+    topic = f"bench-solaris-eff-{uuid.uuid4().hex[:8]}"
+    ensure_topic(connection, topic, 2)
+    sink = KafkaSink(connection, topic, linger_ms=5)
+    sink.send_many(candidate_sets_to_wire(sets))
+    sink.flush()
+    sink.close()
+    store = f"lmdb://{root}/store-{uuid.uuid4().hex[:6]}"
+    cmd = [
+        sys.executable, "-m", "pipelines", "stream", "--topic", graph.events_topic, "--group", graph.group,
+        "--output", str(graph.output), "--candidates-topic", topic, "--model", str(graph.model), "--store", store,
+        "--ad-catalog", str(graph.catalog), "--deadline-grace", "3650d", "--idle-exit", "2", "--device", "cpu",
+        "--bootstrap-servers", bootstrap,
+    ]  # fmt: skip
+    started = time.perf_counter()
+    with open(root / f"{topic}.log", "wb") as log:
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=log)
+    seconds = time.perf_counter() - started
+    delete_topics(connection, [topic])
+    _check_all_written(store, sets)
+    shutil.rmtree(store.removeprefix("lmdb://"), ignore_errors=True)
+    print(f"graph: {sets.num_rows} sets, {_pairs(sets):,} pairs in {seconds:.1f} s (start-up included)", flush=True)
+    return _pairs(sets), seconds
+
+
+def _check_all_written(uri: str, sets: pa.Table) -> None:
+    """Exit if a pair of ``sets`` is missing from the store: a rate of pairs not computed means nothing."""
+    import numpy as np
+
+    from pipelines.store import open_store
+
+    ads = sets["ad_ids"].combine_chunks()
+    users = np.repeat(sets["user_id"].to_numpy(), ads.value_lengths().to_numpy())
+    with open_store(uri) as store:
+        found = store.read_arrays(users, ads.flatten().to_numpy(), np.ones(len(users), bool)).found
+    if not found.all():
+        sys.exit(f"the graph wrote {int(found.sum()):,} of {len(found):,} pairs: no rate to report")
+
+
+def _loop(sets: pa.Table, features: Path, model: Path, catalog: Path, root: Path) -> tuple[int, float]:
+    """(pairs, seconds) of the candidates job's computation over ``sets``, 8 at a time, in this process,
+    with the graph's ad catalog."""
+    import numpy as np
+    import torch
+
+    from pipelines.model.checkpoint import load_model
+    from pipelines.precompute.refresh import Refresher
+    from pipelines.store import open_store
+    from pipelines.streaming.history_view import HistoryView
+    from pipelines.streaming.pair_work import CandidateWork, pair_keys
+    from pipelines.streaming.pairs import load_ad_catalog, write_pairs
+
+    torch.set_num_threads(1)
+    loaded = load_model(str(model), device="cpu")
+    view = HistoryView(str(features))
+    refresher = Refresher(loaded, loaded.model_version, catalog=load_ad_catalog(str(catalog)))
+    uri = f"lmdb://{root}/store-loop-{uuid.uuid4().hex[:6]}"
+    rows = sets.to_pylist()
+    work = [
+        CandidateWork(0, i, r["request_id"], r["user_id"], r["surface"], int(r["stage_time"].timestamp() * 1000),
+                      2**62, np.asarray(r["ad_ids"], np.int64), 0.0)
+        for i, r in enumerate(rows)
+    ]  # fmt: skip
+    with open_store(uri) as store:
+        started = time.perf_counter()
+        for i in range(0, len(work), 8):
+            batch = work[i : i + 8]
+            write_pairs(refresher, store, loaded.model_version, view.rows(pair_keys(batch)[0]), batch, 3600.0)
+        seconds = time.perf_counter() - started
+    shutil.rmtree(uri.removeprefix("lmdb://"), ignore_errors=True)
+    return _pairs(sets), seconds
+
+
+if __name__ == "__main__":
+    main()
