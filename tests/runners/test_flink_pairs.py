@@ -143,10 +143,12 @@ def test_stream_on_flink_a_taskmanager_sigkill_loses_no_candidate_set_in_time(
         time.sleep(0.5)
         at_kill = sum(c or 0 for c in committed(kafka, w.sets_topic, w.group, 2))
         os.kill(own_flink.taskmanager_pid(), signal.SIGKILL)  # a TaskManager dies mid-topic ...
-        own_flink.sh("up")  # ... and a replacement registers its slots
-        for chunk in chunks[2:]:  # sets go on arriving while the job restarts
+        # ... sets go on arriving (before the replacement starts: the topic is then never all
+        # committed long enough for --idle-exit to end the job while it restarts) ...
+        for chunk in chunks[2:]:
             send_sets(kafka, w.sets_topic, chunk)
-            time.sleep(0.5)
+            time.sleep(0.2)
+        own_flink.sh("up")  # ... and a replacement registers its slots
         sent = live.num_rows + send_sets(kafka, w.sets_topic, late, other)
         done = _finish(job, w.log, own_flink, timeout=600)
     finally:
