@@ -46,17 +46,11 @@ def main() -> None:
     print(f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
     bootstrap = kafka_connection().bootstrap
     root = WORK / "solaris-efficiency"
-    folder = root / f"world-{USERS}x{DAYS}-{3 * SETS}"
-    funnel, features = folder / "funnel.parquet", folder / "features"
-    flags = ["--funnel", str(funnel), "--funnel-requests", str(3 * SETS)]
-    events = generate(USERS, DAYS, folder / "events.parquet", flags=flags)
-    if not features.exists():
-        cmd = [sys.executable, "-m", "pipelines", "features", "--input", str(events), "--output", str(features)]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    events, funnel, features = funnel_world(USERS, DAYS, 3 * SETS, root)
     model = untrained_model(root / "model")
-    sets = _early_sets(funnel)
+    sets = early_sets(funnel)
     graph = seed_stream(events, features, model, root, bootstrap)
-    small, big = (_graph_run(graph, sets.slice(0, n), root, bootstrap) for n in (SETS, 3 * SETS))
+    small, big = (graph_run(graph, sets.slice(0, n), root, bootstrap) for n in (SETS, 3 * SETS))
     graph_rate = steady_rate(small, big)
     loop_pairs, loop_s = _loop(sets, features, model, graph.catalog, root)
     loop_rate = loop_pairs / loop_s
@@ -75,7 +69,19 @@ def main() -> None:
     )
 
 
-def _early_sets(funnel: Path) -> pa.Table:
+def funnel_world(users: int, days: int, requests: int, root: Path) -> tuple[Path, Path, Path]:
+    """(events Parquet, funnel Parquet, features snapshot) of a generated world, made once under ``root``."""
+    folder = root / f"world-{users}x{days}-{requests}"
+    funnel, features = folder / "funnel.parquet", folder / "features"
+    flags = ["--funnel", str(funnel), "--funnel-requests", str(requests)]
+    events = generate(users, days, folder / "events.parquet", flags=flags)
+    if not features.exists():
+        cmd = [sys.executable, "-m", "pipelines", "features", "--input", str(events), "--output", str(features)]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return events, funnel, features
+
+
+def early_sets(funnel: Path) -> pa.Table:
     from pipelines.generator.funnel import stage_rows
     from pipelines.io.parquet import read_table
     from pipelines.schemas.layouts import CANDIDATE_SET
@@ -87,7 +93,7 @@ def _pairs(sets: pa.Table) -> int:
     return int(sets["ad_ids"].combine_chunks().value_lengths().to_numpy().sum())
 
 
-def _graph_run(graph: StreamGraphRunner, sets: pa.Table, root: Path, bootstrap: str) -> tuple[int, float]:
+def graph_run(graph: StreamGraphRunner, sets: pa.Table, root: Path, bootstrap: str) -> tuple[int, float]:
     """(pairs asked, seconds) of one ``stream --candidates-topic`` run over ``sets`` (on their topic
     before it starts) until its idle exit."""
     from pipelines.io.kafka.candidate_sets import candidate_sets_to_wire
