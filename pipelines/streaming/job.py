@@ -299,11 +299,11 @@ def build_stream(
 ) -> None:
     """Add the streaming histories job to ``p`` (a streaming pipeline); ``starts`` name every partition
     of ``config.topics``."""
-    read = _read(p, connection, config, starts, config.topic, "")
+    read = _read(p, _ReadPartitionFn(connection, config), starts, config.topic, "")
     events = read["events"]
     sets, candidates = None, config.candidates_topic
     if candidates is not None:
-        sets = _read(p, connection, config, starts, candidates, "CandidateSets")
+        sets = _read(p, _ReadCandidateSetsFn(connection, config), starts, candidates, "CandidateSets")
         events = (events, sets["events"]) | "EventsAndSets" >> beam.Flatten().with_output_types(tuple[int, pa.Table])
     appended, pending = _append_histories(events, config)
     flushed = appended | "WriteHistories" >> beam.ParDo(WriteHistoriesFn(connection, config)).with_output_types(FLUSHED)
@@ -321,23 +321,14 @@ def build_stream(
         _commit(connection, config, starts, candidates, prefix, acks)
 
 
-def _read(
-    p: beam.Pipeline,
-    connection: KafkaConnection,
-    config: StreamConfig,
-    starts: Sequence[PartitionStart],
-    topic: str,
-    prefix: str,
-) -> Any:
-    """Every partition of ``topic``, read: keyed tables (``events``), dead letters and acknowledgements."""
-    reader = _ReadCandidateSetsFn if prefix else _ReadPartitionFn
+def _read(p: beam.Pipeline, reader: _ReadPartitionFn, starts: Sequence[PartitionStart], topic: str, prefix: str) -> Any:
+    """Every partition of ``topic``, read by ``reader``: keyed tables (``events``), dead letters and
+    acknowledgements."""
     return (
         p
         | f"{prefix}Partitions" >> beam.Create([s for s in starts if s.topic == topic])
         | f"Read{prefix or 'Partition'}"
-        >> beam.ParDo(reader(connection, config))
-        .with_output_types(tuple[int, pa.Table])
-        .with_outputs(ACKS, DEAD, main="events")
+        >> beam.ParDo(reader).with_output_types(tuple[int, pa.Table]).with_outputs(ACKS, DEAD, main="events")
     )
 
 

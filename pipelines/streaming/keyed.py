@@ -72,12 +72,11 @@ from pipelines.streaming.acks import open_sink
 from pipelines.streaming.config import StreamConfig
 from pipelines.streaming.pairs import PAIRS, is_candidate_sets
 from pipelines.streaming.state import (
-    OFFSET,
-    PARTITION,
     ShardHistories,
     append_flush,
     compact_shard,
     latest_histories,
+    offsets_by_partition,
 )
 from pipelines.streaming.user_merge import merge_user
 
@@ -248,8 +247,7 @@ class AppendUserHistoryFn(beam.DoFn):
         state.clear()
         state.add((ROW, row))
         _record_flush(time.perf_counter() - started, row)
-        partitions, offsets = events.column(PARTITION).to_numpy(), events.column(OFFSET).to_numpy()
-        acks = [(int(p), offsets[partitions == p]) for p in np.unique(partitions)]
+        acks = offsets_by_partition(events)
         if self._reps is None:
             yield row, acks
         else:

@@ -25,17 +25,17 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInference
+from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 
 from pipelines.errors import ConfigError
 from pipelines.io.shards import split_by
 from pipelines.schemas.enums import FUNNEL_STAGE_CODE
 from pipelines.streaming.config import StreamConfig
 from pipelines.streaming.pair_work import CandidateWork, plan_pairs, split_by_deadline
-from pipelines.streaming.state import OFFSET, PARTITION
+from pipelines.streaming.refresh import AckAfterInference
+from pipelines.streaming.state import OFFSET, PARTITION, offsets_by_partition
 
 __all__ = [
     "BATCH_TOKENS",
@@ -218,7 +218,7 @@ class PairsModelHandler(ModelHandler[Pending, PredictionResult, PairWriting]):
             metrics.deadline_dropped.labels(metrics.pipeline).inc(len(late))
             metrics.pairs.labels(metrics.pipeline, "late").inc(sum(len(w.ad_ids) for w in late))
         metrics.step("pairs", time.perf_counter() - started)
-        return [PredictionResult(_acks(sets), None, model_id=model.model_version) for _, sets in batch]
+        return [PredictionResult(offsets_by_partition(sets), None, model_id=model.model_version) for _, sets in batch]
 
     def get_num_bytes(self, batch: Sequence[Pending]) -> int:
         return sum(row.nbytes + sets.nbytes for row, sets in batch)
@@ -230,24 +230,11 @@ class PairsModelHandler(ModelHandler[Pending, PredictionResult, PairWriting]):
         return {"min_batch_size": BATCH_TOKENS, "max_batch_size": BATCH_TOKENS, "element_size_fn": pending_tokens}
 
 
-def _acks(sets: pa.Table) -> list[tuple[int, np.ndarray]]:
-    partitions, offsets = sets.column(PARTITION).to_numpy(), sets.column(OFFSET).to_numpy()
-    return [(int(p), offsets[partitions == p]) for p in np.unique(partitions)]
-
-
-class ComputePairs(beam.PTransform):
+class ComputePairs(AckAfterInference):
     """(history row, candidate sets) → their pairs in the store → the sets' acknowledgements."""
 
     def __init__(self, config: StreamConfig) -> None:
-        super().__init__()
-        self._handler = PairsModelHandler(config)
-
-    def expand(self, pending: beam.PCollection) -> beam.PCollection:
-        return (
-            pending
-            | "RunInference" >> RunInference(self._handler)
-            | "Written" >> beam.FlatMap(lambda result: result.example)
-        )
+        super().__init__(PairsModelHandler(config))
 
 
 def keyed_sets(

@@ -31,7 +31,14 @@ from pipelines.streaming.config import StreamConfig
 if TYPE_CHECKING:  # imports torch: loaded on the worker, when the job starts
     from pipelines.precompute.refresh import RecentCandidates
 
-__all__ = ["Refresh", "RefreshModelHandler", "flushed_rows", "load_recent_candidates", "open_refresh"]
+__all__ = [
+    "AckAfterInference",
+    "Refresh",
+    "RefreshModelHandler",
+    "flushed_rows",
+    "load_recent_candidates",
+    "open_refresh",
+]
 
 log = logging.getLogger(__name__)
 
@@ -146,18 +153,25 @@ class RefreshModelHandler(ModelHandler[Flushed, PredictionResult, Refreshing]):
         return {"min_batch_size": BATCH_ROWS, "max_batch_size": BATCH_ROWS, "element_size_fn": flushed_rows}
 
 
-class Refresh(beam.PTransform):
-    """(changed histories, acks) → their representations in the store → the acks, one by one, through
-    Beam's RunInference with :class:`RefreshModelHandler` (the model loaded once per worker process
-    and shared by its threads)."""
+class AckAfterInference(beam.PTransform):
+    """Elements → Beam's RunInference with ``handler`` (its writes done) → the acknowledgements each
+    ``PredictionResult`` carries as its example, one by one."""
 
-    def __init__(self, config: StreamConfig) -> None:
+    def __init__(self, handler: ModelHandler) -> None:
         super().__init__()
-        self._handler = RefreshModelHandler(config)
+        self._handler = handler
 
-    def expand(self, flushed: beam.PCollection) -> beam.PCollection:
+    def expand(self, elements: beam.PCollection) -> beam.PCollection:
         return (
-            flushed
+            elements
             | "RunInference" >> RunInference(self._handler)
             | "Written" >> beam.FlatMap(lambda result: result.example)
         )
+
+
+class Refresh(AckAfterInference):
+    """(changed histories, acks) → their representations in the store → the acks, through
+    :class:`RefreshModelHandler` (the model loaded once per worker process and shared by its threads)."""
+
+    def __init__(self, config: StreamConfig) -> None:
+        super().__init__(RefreshModelHandler(config))

@@ -88,6 +88,12 @@ COMPACT_FANOUT = 4
 PARTITION, OFFSET = "_partition", "_offset"
 
 
+def offsets_by_partition(table: pa.Table) -> list[tuple[int, np.ndarray]]:
+    """The ``(partition, offsets)`` acknowledgements of ``table``'s rows (``_partition``, ``_offset``)."""
+    partitions, offsets = table.column(PARTITION).to_numpy(), table.column(OFFSET).to_numpy()
+    return [(int(p), offsets[partitions == p]) for p in np.unique(partitions)]
+
+
 @dataclass
 class OffsetLedger:
     """Offsets of one partition made durable so far; ``next`` is what may be committed.
