@@ -32,6 +32,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 sys.path.insert(0, os.path.dirname(_HERE))
 
+import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 from bench.common import QUICK, WORK, generate, kafka_connection, result, untrained_model  # noqa: E402
@@ -90,14 +91,16 @@ def early_sets(funnel: Path) -> pa.Table:
     return stage_rows(read_table(str(funnel), CANDIDATE_SET), "early").sort_by("request_id")
 
 
+def _keys(sets: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """``(user_id, ad_id)`` of every pair of ``sets``, set by set."""
+    ads = sets["ad_ids"].combine_chunks()
+    return np.repeat(sets["user_id"].to_numpy(), ads.value_lengths().to_numpy()), ads.flatten().to_numpy()
+
+
 def _pairs(sets: pa.Table) -> int:
     """Distinct (user, ad) pairs of ``sets``: what a run into a fresh store computes (a pair asked
     again is found fresh, or repeated in its batch, and not computed again)."""
-    import numpy as np
-
-    ads = sets["ad_ids"].combine_chunks()
-    users = np.repeat(sets["user_id"].to_numpy(), ads.value_lengths().to_numpy())
-    return len(np.unique(np.stack([users, ads.flatten().to_numpy()], axis=1), axis=0))
+    return len(np.unique(np.stack(_keys(sets), axis=1), axis=0))
 
 
 def graph_run(graph: StreamGraphRunner, sets: pa.Table, root: Path, bootstrap: str) -> tuple[int, float]:
@@ -133,14 +136,11 @@ def graph_run(graph: StreamGraphRunner, sets: pa.Table, root: Path, bootstrap: s
 
 def _check_all_written(uri: str, sets: pa.Table) -> None:
     """Exit if a pair of ``sets`` is missing from the store: a rate of pairs not computed means nothing."""
-    import numpy as np
-
     from pipelines.store import open_store
 
-    ads = sets["ad_ids"].combine_chunks()
-    users = np.repeat(sets["user_id"].to_numpy(), ads.value_lengths().to_numpy())
+    users, ads = _keys(sets)
     with open_store(uri) as store:
-        found = store.read_arrays(users, ads.flatten().to_numpy(), np.ones(len(users), bool)).found
+        found = store.read_arrays(users, ads, np.ones(len(users), bool)).found
     if not found.all():
         sys.exit(f"the graph wrote {int(found.sum()):,} of {len(found):,} pairs: no rate to report")
 
@@ -148,27 +148,27 @@ def _check_all_written(uri: str, sets: pa.Table) -> None:
 def _loop(sets: pa.Table, features: Path, model: Path, catalog: Path, root: Path) -> tuple[int, float]:
     """(pairs, seconds) of the candidates job's computation over ``sets``, 8 at a time, in this process,
     with the graph's ad catalog."""
-    import numpy as np
     import torch
 
     from pipelines.model.checkpoint import load_model
     from pipelines.precompute.refresh import Refresher
     from pipelines.store import open_store
     from pipelines.streaming.history_view import HistoryView
-    from pipelines.streaming.pair_work import CandidateWork, pair_keys
-    from pipelines.streaming.pairs import load_ad_catalog, write_pairs
+    from pipelines.streaming.pair_work import pair_keys
+    from pipelines.streaming.pairs import RECEIVED, candidate_work, load_ad_catalog, write_pairs
+    from pipelines.streaming.state import OFFSET, PARTITION
 
     torch.set_num_threads(1)
     loaded = load_model(str(model), device="cpu")
     view = HistoryView(str(features))
     refresher = Refresher(loaded, loaded.model_version, catalog=load_ad_catalog(str(catalog)))
     uri = f"lmdb://{root}/store-loop-{uuid.uuid4().hex[:6]}"
-    rows = sets.to_pylist()
-    work = [
-        CandidateWork(0, i, r["request_id"], r["user_id"], r["surface"], int(r["stage_time"].timestamp() * 1000),
-                      2**62, np.asarray(r["ad_ids"], np.int64), 0.0)
-        for i, r in enumerate(rows)
-    ]  # fmt: skip
+    n = sets.num_rows  # the keyed step's columns, so that the graph's own conversion serves
+    work = candidate_work(
+        sets.append_column(PARTITION, pa.array(np.zeros(n, np.int32)))
+        .append_column(OFFSET, pa.array(np.arange(n, dtype=np.int64)))
+        .append_column(RECEIVED, pa.array(np.zeros(n)))
+    )
     with open_store(uri) as store:
         started = time.perf_counter()
         for i in range(0, len(work), 8):
