@@ -19,6 +19,8 @@ __all__ = [
     "CANDIDATE_TTL",
     "CLICK_WINDOW",
     "CONVERSION_WINDOW",
+    "ENCODING_CACHE",
+    "ENCODING_MAX_AGE",
     "FALLBACK_MAX_AGE",
     "FLUSH_INTERVAL",
     "MAX_AGE",
@@ -91,6 +93,10 @@ MAX_FUTURE = Duration("--max-future", "1d")
 FLUSH_INTERVAL = Duration("--flush-interval", "1s")
 CANDIDATE_TTL = Duration("--candidate-ttl", "1d")
 PAIR_MAX_AGE = Duration("--pair-max-age", "1h")
+#: Users whose user-side encoding a pairs worker keeps for their next candidate set (0: none), and
+#: for how long (:class:`pipelines.model.encoding.EncodingCache`).
+ENCODING_CACHE = Bounded("--encoding-cache", 0, 1 << 20, default=1024)
+ENCODING_MAX_AGE = Duration("--encoding-max-age", "1m")
 #: Staleness bounds of a lookup: an exact pair, then same-user and neighbours' representations.
 MAX_AGE = Duration("--max-age", "1h")
 FALLBACK_MAX_AGE = Duration("--fallback-max-age", "7d")

@@ -114,6 +114,17 @@ def add_rep_history(parser: argparse.ArgumentParser, how: str) -> None:
     )
 
 
+def add_encoding_cache(parser: Any) -> None:
+    """``--encoding-cache N`` and ``--encoding-max-age``: the user-side encodings a pairs worker reuses."""
+    add_bounded(
+        parser,
+        settings.ENCODING_CACHE,
+        "users whose history encoding is kept for their next candidate set, reused while the history's tokens "
+        "are unchanged (exact; 0: every set encodes its history)",
+    )
+    add_setting_duration(parser, settings.ENCODING_MAX_AGE, "a kept encoding is dropped after this long")
+
+
 def add_num_shards(parser: argparse.ArgumentParser, what: str) -> None:
     add_bounded(parser, settings.NUM_SHARDS, f"user shards: {what}")
 

@@ -60,6 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         settings.PAIR_MAX_AGE,
         "a stored pair younger than this, on the user's current history, is not computed again",
     )
+    flags.add_encoding_cache(parser)
     flags.add_duration(
         parser,
         "--idle-exit",
@@ -99,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
         queue_size=args.queue_size,
         deadline_grace_s=args.deadline_grace or 0.0,
         pair_max_age_s=args.pair_max_age,
+        encoding_cache=args.encoding_cache,
+        encoding_max_age_s=args.encoding_max_age,
         idle_exit_s=args.idle_exit,
         device=args.device,
         torch_threads=args.torch_threads,

@@ -171,6 +171,7 @@ def _add_candidate_arguments(parser: argparse.ArgumentParser) -> None:
         help="ads' advertiser and category (item_id, advertiser_id, item_category), looked up first for a "
         "candidate ad; without it, the ads the histories hold",
     )
+    flags.add_encoding_cache(group)
 
 
 def stream_config(args: argparse.Namespace, on_flink: bool) -> StreamConfig:
@@ -196,6 +197,8 @@ def stream_config(args: argparse.Namespace, on_flink: bool) -> StreamConfig:
         deadline_grace_s=args.deadline_grace or 0.0,
         pair_max_age_s=args.pair_max_age,
         ad_catalog=args.ad_catalog,
+        encoding_cache=args.encoding_cache,
+        encoding_max_age_s=args.encoding_max_age,
         rep_history=args.rep_history,
         device=args.device,
         torch_threads=args.torch_threads,

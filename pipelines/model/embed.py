@@ -95,22 +95,42 @@ class TokenEmbedder(nn.Module):
         embedding: nn.Embedding = getattr(self, table)
         return embedding(hash_ids(ids, _SALTS[table], embedding.num_embeddings))
 
-    def sequence(self, batch: GemBatch) -> torch.Tensor:
+    def sequence_ids(self, batch: GemBatch) -> torch.Tensor:
+        """The discrete inputs of each history token: ``(L, 9) int64`` of raw item, advertiser and
+        category ids, is_ad, surface, event type, age bucket, gap bucket and value bucket. Two tokens
+        with equal rows embed equally, so equal rows over a history mean an equal encoding."""
         cfg = self.config
         gap, has_prev = previous_gaps(batch.age_s, batch.offsets)
         gap_bucket = torch.where(
             has_prev, log_buckets(gap, 1.5, cfg.time_buckets), torch.full_like(gap, cfg.time_buckets, dtype=torch.long)
         )
+        columns = [
+            batch.item_id,
+            batch.advertiser_id,
+            batch.category,
+            batch.is_ad,
+            batch.surface.clamp(0, cfg.num_surfaces),
+            batch.event_type.clamp(0, cfg.num_event_types - 1),
+            log_buckets(batch.age_s, 1.5, cfg.time_buckets),
+            gap_bucket,
+            value_buckets(batch.value, cfg.value_buckets),
+        ]
+        return torch.stack([column.long() for column in columns], dim=1)
+
+    def sequence(self, batch: GemBatch, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """``(L, D)`` history tokens, from ``ids`` (:meth:`sequence_ids` of ``batch``) when given."""
+        ids = self.sequence_ids(batch) if ids is None else ids
+        item, advertiser, category, is_ad, surface, event_type, age, gap, value = ids.unbind(1)
         tokens = (
-            self._hashed("item", batch.item_id)
-            + self._hashed("advertiser", batch.advertiser_id)
-            + self._hashed("category", batch.category)
-            + self.is_ad(batch.is_ad)
-            + self.surface(batch.surface.clamp(0, cfg.num_surfaces))
-            + self.event_type(batch.event_type.clamp(0, cfg.num_event_types - 1))
-            + self.age(log_buckets(batch.age_s, 1.5, cfg.time_buckets))
-            + self.gap(gap_bucket)
-            + self.value(value_buckets(batch.value, cfg.value_buckets))
+            self._hashed("item", item)
+            + self._hashed("advertiser", advertiser)
+            + self._hashed("category", category)
+            + self.is_ad(is_ad)
+            + self.surface(surface)
+            + self.event_type(event_type)
+            + self.age(age)
+            + self.gap(gap)
+            + self.value(value)
         )
         return self.seq_norm(tokens)
 

@@ -30,6 +30,7 @@ from torch import nn
 from pipelines.model.attention import BlockAttention, PooledSummary, TargetAttention
 from pipelines.model.config import GemConfig
 from pipelines.model.embed import CATEGORY_SALT, NUM_CONTEXT_TOKENS, NUM_TARGET_TOKENS, TokenEmbedder, hash_ids
+from pipelines.model.encoding import EncodingCache, UserEncoding, history_digests
 from pipelines.model.inputs import NUM_COUNT_FEATURES, SEQUENCE_FIELDS, GemBatch, same_values
 from pipelines.model.interaction import MixtureOfExperts
 from pipelines.model.jagged import BlockLayout, gather_index, to_padded_dense
@@ -171,15 +172,9 @@ class GemModel(nn.Module):
     def _sequence_layers(self) -> list[SequenceLayer]:
         return [cast(SequenceLayer, layer) for layer in self.layers]
 
-    def encode_sequence(
-        self, tokens: torch.Tensor, offsets: torch.Tensor, target: torch.Tensor, history_of: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Jagged path: ``tokens: (L, D)``, ``offsets: (H+1,)``, ``target: (B, 4, D)`` ->
-        ``summary: (B, K, D)`` and the target-aware token ``(B, 1, D)`` (None when off).
-
-        ``history_of: (B,)`` the history each row reads, when rows share histories (H < B: a
-        candidate request's ads); None when row ``b`` reads history ``b``. The history is
-        encoded once; only the target attention runs per row."""
+    def encode_sequence(self, tokens: torch.Tensor, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Jagged path of the sequence layers: ``tokens: (L, D)`` of H histories, ``offsets: (H+1,)``
+        -> the final tokens ``(L, D)`` and the summary ``(H, K, D)``."""
         layout = BlockLayout.build(offsets, self.config.block_size)
         # CPU: block attention in cache-sized chunks; GPU: all blocks in one launch
         max_blocks = self.cpu_chunk_blocks if tokens.device.type == "cpu" else None
@@ -190,19 +185,52 @@ class GemModel(nn.Module):
             if layer.summarize is not None:
                 summary = layer.summarize(tokens, layout)
         assert summary is not None  # the last layer is always global
-        if history_of is not None:
-            summary = summary.index_select(0, history_of)
-        targeted = None
-        if self.target_attention is not None and self.target_query is not None:
-            query = self.target_query(target.flatten(1))
-            if history_of is None:
-                targeted = self.target_attention(tokens, offsets, query)
-            elif self.shared_target_attention:
-                targeted = self.target_attention.shared(tokens, offsets, query, history_of)
-            else:
-                index, offsets = gather_index(offsets, history_of)
-                targeted = self.target_attention(tokens[index], offsets, query)
-        return summary, targeted
+        return tokens, summary
+
+    def encode_histories(self, history: GemBatch, cache: EncodingCache | None = None) -> UserEncoding:
+        """The user side of ``history``'s rows (one history each): what :meth:`forward` computes from
+        the history alone. With ``cache``, histories it holds are not encoded again, and the rest are
+        stored in it (a history's entry is equal to encoding it alone, up to float rounding)."""
+        ids = self.embed.sequence_ids(history)
+        if cache is None:
+            return self._encode(history, ids)
+        keys = history_digests(history.user_id, ids, history.offsets)
+        found = [cache.get(user, digest) for user, digest in keys]
+        missing = [h for h, encoding in enumerate(found) if encoding is None]
+        if missing:
+            rows = torch.tensor(missing, dtype=torch.int64, device=history.offsets.device)
+            token_rows, _ = gather_index(history.offsets, rows)
+            fresh = self._encode(history.select(rows), ids.index_select(0, token_rows))
+            for j, h in enumerate(missing):
+                found[h] = one = fresh.select(rows.new_tensor([j]))
+                cache.put(*keys[h], one)
+        return UserEncoding.concat([encoding for encoding in found if encoding is not None])
+
+    def _encode(self, history: GemBatch, ids: torch.Tensor) -> UserEncoding:
+        tokens, summary = self.encode_sequence(self.embed.sequence(history, ids), history.offsets)
+        return UserEncoding(tokens, history.offsets, summary, self.user_representation(summary, history))
+
+    def user_representation(self, summary: torch.Tensor, history: GemBatch) -> torch.Tensor:
+        """``(H, R)`` unit vectors from the summaries ``(H, K, D)`` and the histories' mean category
+        embedding alone (no request, activity counts or hashed user id), so a user-level row gets the
+        representation training shaped, and neighbours in it share interests, not activity levels."""
+        profile = self.category_mix(history) @ self.embed.category.weight  # (H, D)
+        return F.normalize(self.user_head(torch.cat([summary.flatten(1), profile], 1)), dim=-1)
+
+    def attend_target(
+        self, tokens: torch.Tensor, offsets: torch.Tensor, target: torch.Tensor, history_of: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """The target-aware token ``(B, 1, D)`` (None when off): each row's target ``(B, 4, D)`` queries
+        the final tokens of its history (``history_of: (B,)``; None: row ``b`` reads history ``b``)."""
+        if self.target_attention is None or self.target_query is None:
+            return None
+        query = self.target_query(target.flatten(1))
+        if history_of is None:
+            return self.target_attention(tokens, offsets, query)
+        if self.shared_target_attention:
+            return self.target_attention.shared(tokens, offsets, query, history_of)
+        index, offsets = gather_index(offsets, history_of)
+        return self.target_attention(tokens[index], offsets, query)
 
     def encode_sequence_reference(
         self, tokens: torch.Tensor, offsets: torch.Tensor, target: torch.Tensor
@@ -222,29 +250,32 @@ class GemModel(nn.Module):
         return summary, targeted
 
     # ---- full model -------------------------------------------------------------------
-    def forward(self, batch: GemBatch, *, reference: bool = False, share_histories: bool = False) -> GemOutput:
+    def forward(
+        self,
+        batch: GemBatch,
+        *,
+        reference: bool = False,
+        share_histories: bool = False,
+        cache: EncodingCache | None = None,
+    ) -> GemOutput:
         """``share_histories``: encode a history read by several rows once (inference on candidate
         requests, see :func:`shared_histories`); off for training, whose rows rarely share one and
-        where looking costs host syncs per step on a GPU."""
+        where looking costs host syncs per step on a GPU. ``cache`` (inference, implies sharing):
+        reuse the user side of histories encoded before (:class:`EncodingCache`)."""
         c = self.config
         target = self.embed.target(batch)  # (B, 4, D)
-        shared, history = None, batch
         if reference:
             summary, targeted = self.encode_sequence_reference(self.embed.sequence(batch), batch.offsets, target)
+            user = self.user_representation(summary, batch)
         else:
-            shared = shared_histories(batch) if share_histories else None
-            history = batch if shared is None else batch.select(shared[0])
-            summary, targeted = self.encode_sequence(
-                self.embed.sequence(history), history.offsets, target, None if shared is None else shared[1]
-            )  # (B, K, D)
+            shared = shared_histories(batch) if share_histories or cache is not None else None
+            history_of = None if shared is None else shared[1]
+            encoded = self.encode_histories(batch if shared is None else batch.select(shared[0]), cache)
+            targeted = self.attend_target(encoded.tokens, encoded.offsets, target, history_of)
+            summary, user = encoded.summary, encoded.user  # (H, K, D), (H, R)
+            if history_of is not None:
+                summary, user = summary.index_select(0, history_of), user.index_select(0, history_of)
         context = self.embed.context(batch)  # (B, 5, D)
-        # the user rep reads the history's summary alone (no request, activity counts or hashed
-        # user id), so a user-level row gets the representation training shaped and neighbours
-        # in it share interests rather than activity levels
-        # (B, C) share of the history's events per category (once per shared history)
-        mix = self.category_mix(batch) if shared is None else self.category_mix(history).index_select(0, shared[1])
-        profile = mix @ self.embed.category.weight  # (B, D): the history's mean category embedding
-        user = F.normalize(self.user_head(torch.cat([summary.flatten(1), profile], 1)), dim=-1)
         parts = [summary, self.user_token(user)[:, None], context, target]
         dense = torch.cat([batch.counts, batch.target_is_ad[:, None].to(batch.counts.dtype)], dim=1)
         if targeted is not None:
@@ -318,7 +349,7 @@ class GemModel(nn.Module):
         last.bias.copy_(torch.log(rates / (1 - rates)))
 
     @torch.inference_mode()
-    def represent(self, batch: GemBatch) -> Representations:
+    def represent(self, batch: GemBatch, cache: EncodingCache | None = None) -> Representations:
         """Inference entry: scores and representations of every row, as numpy (fp32).
 
         Moves ``batch`` to the model's device (bf16 autocast on CUDA, fp32 on CPU); the
@@ -327,7 +358,7 @@ class GemModel(nn.Module):
         """
         device = next(self.parameters()).device
         with autocast_for(device):
-            out = self(batch.to(device), share_histories=True)
+            out = self(batch.to(device), share_histories=True, cache=cache)
         lengths = batch.lengths
 
         def np32(t: torch.Tensor) -> np.ndarray:

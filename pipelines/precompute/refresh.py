@@ -10,7 +10,9 @@ still refreshes them). :class:`Refresher` computes, with the trained model:
   last event), re-scored on the whole updated history.
 
 :meth:`Refresher.pairs` is the candidates job's step (:mod:`pipelines.streaming.candidates`):
-pair representations of the candidate sets the ranking funnel hands over.
+pair representations of the candidate sets the ranking funnel hands over. With an
+``encoding_cache``, a set whose user's history is unchanged since that user's last set
+reuses the history's encoding (:mod:`pipelines.model.encoding`); only the per-ad work runs.
 
 Rows carry ``history_watermark`` = the user's own last event time, so a reader
 (and the freshness bench) can tell which events a representation has seen.
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from pipelines.model.encoding import EncodingCache
 from pipelines.model.gem import GemModel
 from pipelines.model.inputs import GemBatch, HistoryIndex, ad_catalog, build_candidate_batch, build_user_batch
 from pipelines.precompute.records import representation_table
@@ -94,10 +97,13 @@ class Refresher:
         candidates: RecentCandidates | None = None,
         token_budget: int = 32_768,
         catalog: pa.Table | None = None,
+        encoding_cache: EncodingCache | None = None,
     ) -> None:
         if token_budget < 1:
             raise ValueError(f"token_budget must be >= 1, got {token_budget}")
         self._model, self._version = model, model_version
+        #: User-side encodings kept for the next request of an unchanged history (None: none kept).
+        self.encoding_cache = encoding_cache
         self._candidates, self._budget = candidates, token_budget
         # The ads known so far (advertiser and category of a candidate ad): ``catalog`` first, then
         # every ad the histories passed here hold.
@@ -139,7 +145,7 @@ class Refresher:
         tables = []
         for batch in batches:
             for chunk in token_chunks(batch, self._budget):
-                reps = self._model.represent(chunk)
+                reps = self._model.represent(chunk, self.encoding_cache)
                 rows = index.rows_of(reps.user_id)
                 tables.append(
                     representation_table(

@@ -31,15 +31,18 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pipelines.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pipelines.model.encoding import EncodingCache
 from pipelines.io.kafka.candidate_sets import decode_candidate_sets
 from pipelines.io.kafka.config import KafkaConnection
 from pipelines.schemas.enums import FUNNEL_STAGE_CODE, FUNNEL_STAGES
-from pipelines.settings import PAIR_MAX_AGE
+from pipelines.settings import ENCODING_CACHE, ENCODING_MAX_AGE, PAIR_MAX_AGE
 from pipelines.streaming.metrics import JobMetrics
 from pipelines.streaming.pair_work import CandidateWork, WorkQueue, pair_keys, split_by_deadline
 from pipelines.streaming.state import OffsetLedger
@@ -67,6 +70,8 @@ class CandidatesConfig:
     queue_size: int = 2_000
     deadline_grace_s: float = 0.0
     pair_max_age_s: float = PAIR_MAX_AGE.seconds
+    encoding_cache: int = ENCODING_CACHE.default
+    encoding_max_age_s: float = ENCODING_MAX_AGE.seconds
     idle_exit_s: float | None = None
     history_refresh_s: float = 0.25
     device: str = "cpu"
@@ -87,6 +92,8 @@ class CandidatesConfig:
             raise ConfigError("--device", f"got {self.device!r}", "pass auto, cpu or cuda")
         if self.torch_threads < 1:
             raise ConfigError("--torch-threads", f"got {self.torch_threads}", "pass 1 or more")
+        ENCODING_CACHE.check(self.encoding_cache)
+        ENCODING_MAX_AGE.check(self.encoding_max_age_s)
 
 
 @dataclass
@@ -153,6 +160,7 @@ class CandidatesJob:
             self.metrics.pairs.labels(self.metrics.pipeline, "late").inc(sum(len(w.ad_ids) for w in late))
         if live:
             outcome = compute.pairs(live)
+            self.metrics.encodings(compute.encoding_cache)
             for name, n in (("computed", outcome[0]), ("fresh", outcome[1]), ("repeated", outcome[2])):
                 self.metrics.pairs.labels(self.metrics.pipeline, name).inc(n)
             self.counts.pairs_computed += outcome[0]
@@ -281,6 +289,7 @@ class _Compute:
         import torch
 
         from pipelines.model.checkpoint import CheckpointError, load_model
+        from pipelines.model.encoding import EncodingCache
         from pipelines.precompute.refresh import Refresher
         from pipelines.store import open_store
         from pipelines.streaming.history_view import HistoryView
@@ -290,10 +299,15 @@ class _Compute:
             self._model = load_model(config.model, device=config.device)
         except (CheckpointError, FileNotFoundError) as exc:
             raise ConfigError("--model", str(exc), "point it at the --output folder of `train`") from exc
-        self._refresher = Refresher(self._model, self._model.model_version)
+        cache = EncodingCache.of(config.encoding_cache, config.encoding_max_age_s)
+        self._refresher = Refresher(self._model, self._model.model_version, encoding_cache=cache)
         self._store = open_store(config.store)
         self._max_age_s = config.pair_max_age_s
         self.view = HistoryView(config.histories, refresh_s=config.history_refresh_s)
+
+    @property
+    def encoding_cache(self) -> EncodingCache | None:
+        return self._refresher.encoding_cache
 
     def pairs(self, work: list[CandidateWork]) -> tuple[int, int, int]:
         """Compute and write the pairs of ``work`` not fresh in the store: (computed, fresh, repeated)."""

@@ -9,7 +9,16 @@ from dataclasses import dataclass
 from pipelines.errors import ConfigError
 from pipelines.io.kafka.outage import DEFAULT_LIMIT_S
 from pipelines.schemas.enums import FUNNEL_STAGE_CODE, FUNNEL_STAGES
-from pipelines.settings import CANDIDATE_TTL, FLUSH_INTERVAL, MAX_FUTURE, MAX_HISTORY, NUM_SHARDS, PAIR_MAX_AGE
+from pipelines.settings import (
+    CANDIDATE_TTL,
+    ENCODING_CACHE,
+    ENCODING_MAX_AGE,
+    FLUSH_INTERVAL,
+    MAX_FUTURE,
+    MAX_HISTORY,
+    NUM_SHARDS,
+    PAIR_MAX_AGE,
+)
 
 __all__ = ["StreamConfig"]
 
@@ -45,6 +54,9 @@ class StreamConfig:
     #: An ad catalog (Parquet: item_id, advertiser_id, item_category) the pairs' ads are looked up
     #: in first; ads only the histories know are learned as they flow.
     ad_catalog: str | None = None
+    #: Users whose user-side encoding a pairs worker keeps for their next set (0: none), and for how long.
+    encoding_cache: int = ENCODING_CACHE.default
+    encoding_max_age_s: float = ENCODING_MAX_AGE.seconds
     #: Keep each user's historical representations of their newest N events (0: none; needs ``model``).
     rep_history: int = 0
     device: str = "auto"
@@ -97,6 +109,8 @@ class StreamConfig:
                 "pass --model and --store too, or drop --candidates",
             )
         CANDIDATE_TTL.check(self.candidate_ttl_s)
+        ENCODING_CACHE.check(self.encoding_cache)
+        ENCODING_MAX_AGE.check(self.encoding_max_age_s)
         self._check_candidates_topic()
         MAX_FUTURE.check(self.max_future_s)
         if self.torch_threads < 1:

@@ -17,6 +17,9 @@ tests, in one process never clash); :meth:`JobMetrics.serve` exposes them on
   (compute saved), repeated, or not written in time because its set was ``late`` (past its
   deadline) or ``shed`` (back-pressure). The share of the first three is the exact share
   (deploy/prometheus/rules/gem.yml);
+- ``gem_user_encodings_total{outcome}``: candidate sets' histories whose user-side encoding was
+  reused (``hit``) or computed (``miss``); ``gem_encoding_tokens_saved_total``: history tokens
+  not encoded again (:mod:`pipelines.model.encoding`);
 - ``gem_state_users``: users held; ``process_resident_memory_bytes`` and the other
   ``process_*`` series: RSS, CPU, open files.
 
@@ -30,10 +33,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, start_http_server
+
+if TYPE_CHECKING:
+    from pipelines.model.encoding import EncodingCache
 
 __all__ = ["JobMetrics", "Rates", "StatusLine", "shared_metrics"]
 
@@ -77,6 +83,12 @@ class JobMetrics:
             "gem_deadline_dropped", "candidate sets past their deadline, not computed", p, registry=r
         )
         self.pairs = Counter("gem_pairs", "pairs asked for, by outcome", [*p, "outcome"], registry=r)
+        self.user_encodings = Counter(
+            "gem_user_encodings", "histories' user-side encodings, reused or computed", [*p, "outcome"], registry=r
+        )
+        self.encoding_tokens_saved = Counter(
+            "gem_encoding_tokens_saved", "history tokens whose encoding was reused", p, registry=r
+        )
         self.state_users = Gauge("gem_state_users", "users whose history the job holds", p, registry=r)
         for counter in (self.shed, self.deadline_dropped):  # a series from the start: rate() sees the first one
             counter.labels(pipeline)
@@ -93,6 +105,15 @@ class JobMetrics:
 
     def dead(self, reason: str, n: int = 1) -> None:
         self.dead_letters.labels(self.pipeline, reason).inc(n)
+
+    def encodings(self, cache: EncodingCache | None) -> None:
+        """Add what ``cache`` reused and computed since the last call (nothing without a cache)."""
+        if cache is None:
+            return
+        hits, misses, tokens = cache.take_counts()
+        self.user_encodings.labels(self.pipeline, "hit").inc(hits)
+        self.user_encodings.labels(self.pipeline, "miss").inc(misses)
+        self.encoding_tokens_saved.labels(self.pipeline).inc(tokens)
 
     def step(self, step: str, seconds: float) -> None:
         self.step_seconds.labels(self.pipeline, step).observe(seconds)

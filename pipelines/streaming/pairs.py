@@ -33,6 +33,7 @@ from pipelines.errors import ConfigError
 from pipelines.io.shards import split_by
 from pipelines.schemas.enums import FUNNEL_STAGE_CODE
 from pipelines.streaming.config import StreamConfig
+from pipelines.streaming.metrics import JobMetrics
 from pipelines.streaming.pair_work import CandidateWork, plan_pairs, split_by_deadline
 from pipelines.streaming.refresh import AckAfterInference
 from pipelines.streaming.state import OFFSET, PARTITION, offsets_by_partition
@@ -153,6 +154,7 @@ class PairWriting:
         import torch
 
         from pipelines.model.checkpoint import load_model
+        from pipelines.model.encoding import EncodingCache
         from pipelines.precompute.refresh import Refresher
         from pipelines.store import open_store
 
@@ -161,14 +163,17 @@ class PairWriting:
         model = load_model(config.model, device=config.device)
         catalog = load_ad_catalog(config.ad_catalog) if config.ad_catalog else None
         self.model_version = model.model_version
-        self._refresher = Refresher(model, model.model_version, catalog=catalog)
+        cache = EncodingCache.of(config.encoding_cache, config.encoding_max_age_s)
+        self._refresher = Refresher(model, model.model_version, catalog=catalog, encoding_cache=cache)
         self._store = open_store(config.store)
         self._max_age_s = config.pair_max_age_s
         self._lock = threading.Lock()
 
-    def write(self, histories: pa.Table, work: list[CandidateWork]) -> tuple[int, int, int]:
+    def write(self, histories: pa.Table, work: list[CandidateWork], metrics: JobMetrics) -> tuple[int, int, int]:
         with self._lock:
-            return write_pairs(self._refresher, self._store, self.model_version, histories, work, self._max_age_s)
+            outcome = write_pairs(self._refresher, self._store, self.model_version, histories, work, self._max_age_s)
+            metrics.encodings(self._refresher.encoding_cache)
+            return outcome
 
 
 #: (the user's current HISTORY row, 0 or 1 rows; the user's candidate sets).
@@ -209,7 +214,7 @@ class PairsModelHandler(ModelHandler[Pending, PredictionResult, PairWriting]):
         metrics = shared_metrics("stream")
         outcome = (0, 0, 0)
         if live:
-            outcome = model.write(newest_rows([row for row, _ in batch]), live)
+            outcome = model.write(newest_rows([row for row, _ in batch]), live, metrics)
             written_ms = time.time() * 1000
             metrics.fresh("candidate_to_pair", [(written_ms - w.stage_ms) / 1000 for w in live])
         for name, n in zip(("computed", "fresh", "repeated"), outcome, strict=True):

@@ -36,6 +36,8 @@ SETTING_FIELDS = {
     "conversion_ms",
     "max_age_s",
     "fallback_max_age_s",
+    "encoding_cache",
+    "encoding_max_age_s",
 }
 #: Flags that only cli/flags.py declares (each command calls its helper).
 SHARED_FLAGS = {
@@ -50,6 +52,8 @@ SHARED_FLAGS = {
     "--max-history",
     "--num-shards",
     "--bootstrap-servers",
+    "--encoding-cache",
+    "--encoding-max-age",
 }
 
 
@@ -123,6 +127,19 @@ def test_the_cli_refuses_max_history_with_the_same_check(
     assert main([*argv, "--max-history", "0"]) == 2
     assert capsys.readouterr().err.strip().endswith("--max-history: got 0. Fix: pass a number in 1..1048576")
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command", ["stream", "solaris"])
+def test_the_cli_refuses_a_negative_encoding_cache_naming_the_flag(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = {
+        "stream": ["stream", "--topic", "t", "--group", "g", "--output", str(tmp_path / "o"), "--model", "m"],
+        "solaris": ["solaris", "--topic", "t", "--group", "g", "--histories", str(tmp_path), "--model", "m"],
+    }[command]
+    assert main([*argv, "--store", f"lmdb://{tmp_path}/s", "--encoding-cache", "-1"]) == 2
+    high = settings.ENCODING_CACHE.high
+    assert capsys.readouterr().err.strip().endswith(f"--encoding-cache: got -1. Fix: pass a number in 0..{high}")
 
 
 def test_the_edges_of_max_history_are_accepted() -> None:
