@@ -131,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"solaris: {counts.requests_done:,} candidate sets done ({counts.pairs_computed:,} pairs computed, "
         f"{counts.pairs_fresh:,} fresh in the store = compute saved, {counts.pairs_repeated:,} repeated); "
-        f"{counts.deadline_dropped:,} past their deadline, {counts.shed:,} shed, {counts.dead_letters:,} dead "
+        f"{counts.deadline_dropped:,} sets past their deadline (and {counts.pairs_late:,} pairs of sets that "
+        f"passed it mid-way), {counts.shed:,} shed, {counts.dead_letters:,} dead "
         f"letters, {counts.other_stage:,} of other stages; committed {counts.committed}",
         file=sys.stdout,
     )

@@ -39,6 +39,7 @@ from pipelines.errors import ConfigError
 
 if TYPE_CHECKING:
     from pipelines.model.encoding import EncodingCache
+    from pipelines.streaming.pairs import PairCounts
 from pipelines.io.kafka.candidate_sets import decode_candidate_sets
 from pipelines.io.kafka.config import KafkaConnection
 from pipelines.schemas.enums import FUNNEL_STAGE_CODE, FUNNEL_STAGES
@@ -109,6 +110,8 @@ class JobCounts:
     pairs_computed: int = 0
     pairs_fresh: int = 0
     pairs_repeated: int = 0
+    #: Pairs not computed because their set passed its deadline between rank tiers.
+    pairs_late: int = 0
     committed: dict[int, int] = field(default_factory=dict)
 
 
@@ -159,13 +162,13 @@ class CandidatesJob:
             self.metrics.deadline_dropped.labels(self.metrics.pipeline).inc(len(late))
             self.metrics.pairs.labels(self.metrics.pipeline, "late").inc(sum(len(w.ad_ids) for w in late))
         if live:
-            outcome = compute.pairs(live)
+            outcome = compute.pairs(live, int(self._config.deadline_grace_s * 1000))
             self.metrics.encodings(compute.encoding_cache)
-            for name, n in (("computed", outcome[0]), ("fresh", outcome[1]), ("repeated", outcome[2])):
-                self.metrics.pairs.labels(self.metrics.pipeline, name).inc(n)
-            self.counts.pairs_computed += outcome[0]
-            self.counts.pairs_fresh += outcome[1]
-            self.counts.pairs_repeated += outcome[2]
+            outcome.record(self.metrics)
+            self.counts.pairs_computed += outcome.computed
+            self.counts.pairs_fresh += outcome.fresh
+            self.counts.pairs_repeated += outcome.repeated
+            self.counts.pairs_late += outcome.late
             written_ms = time.time() * 1000
             self.metrics.fresh("candidate_to_pair", [(written_ms - w.stage_ms) / 1000 for w in live])
             self.metrics.state_users.labels(self.metrics.pipeline).set(compute.view.num_users)
@@ -309,12 +312,13 @@ class _Compute:
     def encoding_cache(self) -> EncodingCache | None:
         return self._refresher.encoding_cache
 
-    def pairs(self, work: list[CandidateWork]) -> tuple[int, int, int]:
-        """Compute and write the pairs of ``work`` not fresh in the store: (computed, fresh, repeated)."""
+    def pairs(self, work: list[CandidateWork], grace_ms: int) -> PairCounts:
+        """Compute and write the pairs of ``work`` not fresh in the store (``write_pairs``)."""
         from pipelines.streaming.pairs import write_pairs
 
         histories = self.view.rows(pair_keys(work)[0])
-        return write_pairs(self._refresher, self._store, self._model.model_version, histories, work, self._max_age_s)
+        model_version = self._model.model_version
+        return write_pairs(self._refresher, self._store, model_version, histories, work, self._max_age_s, grace_ms)
 
     def close(self) -> None:
         self._store.close()

@@ -12,11 +12,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipelines.schemas.layouts import CANDIDATES
 from pipelines.store import ReadResult
 
-__all__ = ["CandidateWork", "Plan", "WorkQueue", "plan_pairs", "split_by_deadline"]
+__all__ = ["FIRST_TIER", "CandidateWork", "Plan", "WorkQueue", "plan_pairs", "rank_tiers", "split_by_deadline"]
+
+#: Ads of each set in the first rank tier; each later tier is as wide as all before it (64, 64, 128, 256, ...).
+FIRST_TIER = 64
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,8 @@ class Plan:
     history is read), how many pairs were asked for, found fresh in the store, or repeated in the batch."""
 
     requests: pa.Table
+    #: ``(len(requests),) int64``: each request's set's ``needed_by`` (ms).
+    needed_by_ms: np.ndarray
     pairs_asked: int
     pairs_fresh: int
     pairs_repeated: int
@@ -99,7 +105,8 @@ def pair_keys(work: list[CandidateWork]) -> tuple[np.ndarray, np.ndarray]:
 def plan_pairs(
     work: list[CandidateWork], stored: ReadResult, last_event_ms: dict[int, int], model_version: str
 ) -> Plan:
-    """The pairs of ``work`` to compute: not those ``stored`` (a store read of :func:`pair_keys`, in
+    """The pairs of ``work`` to compute (each set's ads in its order, the early stage's score order, best
+    first): not those ``stored`` (a store read of :func:`pair_keys`, in
     that order) holds fresh, and each (user, ad) once per batch.
 
     Fresh means found, within the store's max age, computed by this ``model_version`` (a pair of
@@ -116,6 +123,7 @@ def plan_pairs(
         first[np.flatnonzero(~fresh)[index]] = True
     wanted = ~fresh & first
     columns: dict[str, list] = {name: [] for name in CANDIDATES.schema.names}
+    needed: list[int] = []
     start = 0
     for w in work:
         stop = start + len(w.ad_ids)
@@ -123,6 +131,7 @@ def plan_pairs(
         start = stop
         if not len(ads_left):
             continue
+        needed.append(w.needed_by_ms)
         columns["request_id"].append(w.request_id)
         columns["user_id"].append(w.user_id)
         columns["surface"].append(w.surface)
@@ -131,7 +140,30 @@ def plan_pairs(
     requests = pa.table({name: pa.array(columns[name], CANDIDATES.schema.field(name).type) for name in columns})
     return Plan(
         requests=requests.cast(CANDIDATES.schema),
+        needed_by_ms=np.asarray(needed, np.int64),
         pairs_asked=len(users),
         pairs_fresh=int(fresh.sum()),
         pairs_repeated=int((~fresh & ~first).sum()),
     )
+
+
+def rank_tiers(requests: pa.Table, first: int = FIRST_TIER) -> list[tuple[np.ndarray, pa.Table]]:
+    """``requests`` (CANDIDATES rows, each one's ads best first) cut by rank: tier 0 holds ranks
+    ``[0, first)`` of every request, each later tier ranks as many again as all before it
+    (``[first, 2 first)``, ``[2 first, 4 first)``, ...). Each tier is ``(rows of requests it holds,
+    those requests with only that tier's ads)``, rows in the requests' order; computed tier by tier,
+    every set's likeliest survivors of the next stage finish before any set's unlikeliest."""
+    if first < 1:
+        raise ValueError(f"first must be >= 1, got {first}")
+    ads = requests.column("ad_ids").combine_chunks() if requests.num_rows else pa.array([], pa.list_(pa.int64()))
+    counts = ads.value_lengths().to_numpy(zero_copy_only=False) if len(ads) else np.zeros(0, np.int64)
+    tiers: list[tuple[np.ndarray, pa.Table]] = []
+    start, stop = 0, first
+    while len(counts) and start < counts.max():
+        rows = np.flatnonzero(counts > start)
+        sliced = pc.list_slice(ads.take(pa.array(rows)), start, stop)
+        tier = requests.take(pa.array(rows))
+        tier = tier.set_column(tier.schema.get_field_index("ad_ids"), "ad_ids", sliced).cast(requests.schema)
+        tiers.append((rows, tier))
+        start, stop = stop, 2 * stop
+    return tiers

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,7 +35,7 @@ from pipelines.io.shards import split_by
 from pipelines.schemas.enums import FUNNEL_STAGE_CODE
 from pipelines.streaming.config import StreamConfig
 from pipelines.streaming.metrics import JobMetrics
-from pipelines.streaming.pair_work import CandidateWork, plan_pairs, split_by_deadline
+from pipelines.streaming.pair_work import CandidateWork, plan_pairs, rank_tiers, split_by_deadline
 from pipelines.streaming.refresh import AckAfterInference
 from pipelines.streaming.state import OFFSET, PARTITION, offsets_by_partition
 
@@ -42,6 +43,7 @@ __all__ = [
     "BATCH_TOKENS",
     "PAIRS",
     "ComputePairs",
+    "PairCounts",
     "PairsModelHandler",
     "candidate_work",
     "is_candidate_sets",
@@ -123,13 +125,42 @@ def load_ad_catalog(path: str) -> pa.Table:
     return pa.table({name: table.column(name).cast(kind) for name, kind in wanted.items()})
 
 
+@dataclass(frozen=True)
+class PairCounts:
+    """What became of a batch's pairs: ``computed`` and written, found ``fresh`` in the store, ``repeated``
+    in the batch, or ``late``: not computed because their set passed its deadline between rank tiers."""
+
+    computed: int
+    fresh: int
+    repeated: int
+    late: int = 0
+
+    def record(self, metrics: JobMetrics) -> None:
+        for outcome in ("computed", "fresh", "repeated", "late"):
+            metrics.pairs.labels(metrics.pipeline, outcome).inc(getattr(self, outcome))
+
+
 def write_pairs(
-    refresher: Any, store: Any, model_version: str, histories: pa.Table, work: list[CandidateWork], max_age_s: float
-) -> tuple[int, int, int]:
+    refresher: Any,
+    store: Any,
+    model_version: str,
+    histories: pa.Table,
+    work: list[CandidateWork],
+    max_age_s: float,
+    grace_ms: int | None = None,
+    clock: Callable[[], float] = time.time,
+) -> PairCounts:
     """Compute and write the pairs of ``work`` (sets in time) that the store does not hold fresh, on
-    ``histories`` (the sets' users' HISTORY rows): (computed, fresh, repeated)."""
+    ``histories`` (the sets' users' HISTORY rows).
+
+    Sets go earliest deadline first, and their ads by rank tier (:func:`rank_tiers`: the best 64 of
+    every set, then the next 64, then 128, ...), each tier written to the store as soon as it is
+    computed, so the ads likeliest to reach the next stage are there first. With ``grace_ms``,
+    before each tier the sets past ``needed_by + grace_ms`` are cut: their remaining pairs are
+    ``late``, never computed after the deadline."""
     from pipelines.streaming.pair_work import pair_keys
 
+    work = sorted(work, key=lambda w: w.needed_by_ms)
     users, ads = pair_keys(work)
     last = dict(
         zip(
@@ -140,10 +171,18 @@ def write_pairs(
     )
     stored = store.read_arrays(users, ads, np.ones(len(users), bool), max_age_s=max_age_s)
     plan = plan_pairs(work, stored, last, model_version)
-    if plan.requests.num_rows:
-        table = refresher.pairs(histories, plan.requests, computed_at_ms=int(time.time() * 1000))
-        store.write_batch(table)
-    return plan.pairs_to_compute, plan.pairs_fresh, plan.pairs_repeated
+    computed = late = 0
+    for rows, tier in rank_tiers(plan.requests):
+        now_ms = int(clock() * 1000)
+        sizes = tier.column("ad_ids").combine_chunks().value_lengths().to_numpy()
+        if grace_ms is not None:
+            in_time = plan.needed_by_ms[rows] + grace_ms >= now_ms
+            late += int(sizes[~in_time].sum())
+            tier, sizes = tier.filter(pa.array(in_time)), sizes[in_time]
+        if tier.num_rows:
+            store.write_batch(refresher.pairs(histories, tier, computed_at_ms=now_ms))
+            computed += int(sizes.sum())
+    return PairCounts(computed, plan.pairs_fresh, plan.pairs_repeated, late)
 
 
 class PairWriting:
@@ -167,13 +206,17 @@ class PairWriting:
         self._refresher = Refresher(model, model.model_version, catalog=catalog, encoding_cache=cache)
         self._store = open_store(config.store)
         self._max_age_s = config.pair_max_age_s
+        self._grace_ms = int(config.deadline_grace_s * 1000)
         self._lock = threading.Lock()
 
-    def write(self, histories: pa.Table, work: list[CandidateWork], metrics: JobMetrics) -> tuple[int, int, int]:
+    def write(self, histories: pa.Table, work: list[CandidateWork], metrics: JobMetrics) -> None:
+        """Compute and write ``work``'s pairs (:func:`write_pairs`), counted in ``metrics``."""
         with self._lock:
-            outcome = write_pairs(self._refresher, self._store, self.model_version, histories, work, self._max_age_s)
+            counts = write_pairs(
+                self._refresher, self._store, self.model_version, histories, work, self._max_age_s, self._grace_ms
+            )
             metrics.encodings(self._refresher.encoding_cache)
-            return outcome
+        counts.record(metrics)
 
 
 #: (the user's current HISTORY row, 0 or 1 rows; the user's candidate sets).
@@ -210,15 +253,11 @@ class PairsModelHandler(ModelHandler[Pending, PredictionResult, PairWriting]):
         work = [w for _, sets in batch for w in candidate_work(sets)]
         grace_ms = int(self._config.deadline_grace_s * 1000)
         live, late = split_by_deadline(work, int(time.time() * 1000), grace_ms)
-        live.sort(key=lambda w: w.needed_by_ms)  # earliest deadline first
         metrics = shared_metrics("stream")
-        outcome = (0, 0, 0)
         if live:
-            outcome = model.write(newest_rows([row for row, _ in batch]), live, metrics)
+            model.write(newest_rows([row for row, _ in batch]), live, metrics)
             written_ms = time.time() * 1000
             metrics.fresh("candidate_to_pair", [(written_ms - w.stage_ms) / 1000 for w in live])
-        for name, n in zip(("computed", "fresh", "repeated"), outcome, strict=True):
-            metrics.pairs.labels(metrics.pipeline, name).inc(n)
         if late:
             metrics.deadline_dropped.labels(metrics.pipeline).inc(len(late))
             metrics.pairs.labels(metrics.pipeline, "late").inc(sum(len(w.ad_ids) for w in late))
