@@ -14,7 +14,9 @@ default GemConfig), its early-stage candidate sets (~200 ads each) with their de
 
 Pairs are distinct (user, ad) pairs: what each run computes into its fresh store (a pair asked
 again is found fresh and skipped, in both). ``RESULT solaris-efficiency ratio=<graph pairs/s /
-loop pairs/s> target=0.8``. Both at one torch thread. SOLARIS_SETS overrides SETS.
+loop pairs/s> target=0.8``. Both at one torch thread. SOLARIS_SETS overrides SETS;
+SOLARIS_STAGE=retrieval computes the funnel's ~1,000-ad sets instead (the second size,
+``RESULT solaris-efficiency-1000``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 # bench/kafka.py would shadow the kafka-python package: this folder must not be on the path.
@@ -41,6 +44,11 @@ from bench.solaris_stream import StreamGraphRunner, seed_stream  # noqa: E402
 
 USERS, DAYS = (1_000, 7) if QUICK else (3_000, 7)
 SETS = int(os.environ.get("SOLARIS_SETS", 200 if QUICK else 500))
+#: The funnel stage whose sets are computed: early (~200 ads) or retrieval (1,000, the second size: its
+#: world has at least 4,000 users, so that the generator draws 1,000 ads).
+STAGE = os.environ.get("SOLARIS_STAGE", "early")
+if STAGE == "retrieval":
+    USERS = max(USERS, 4_000)
 TARGET = 0.8
 
 
@@ -50,11 +58,13 @@ def main() -> None:
     root = WORK / "solaris-efficiency"
     events, funnel, features = funnel_world(USERS, DAYS, 3 * SETS, root)
     model = untrained_model(root / "model")
-    sets = early_sets(funnel)
+    sets = early_sets(funnel, STAGE)
     graph = seed_stream(events, features, model, root, bootstrap)
     small, big = (graph_run(graph, sets.slice(0, n), root, bootstrap) for n in (SETS, 3 * SETS))
     graph_rate = steady_rate(small, big)
-    loop_pairs, loop_s = _loop(sets, features, model, graph.catalog, root)
+    loop = loop_run(sets, features, model, graph.catalog, root)
+    shutil.rmtree(loop.store.removeprefix("lmdb://"), ignore_errors=True)
+    loop_pairs, loop_s = loop.pairs, loop.seconds
     loop_rate = loop_pairs / loop_s
     print(
         f"graph (Prism): {small[0]:,} pairs in {small[1]:.1f} s, {big[0]:,} in {big[1]:.1f} s: "
@@ -63,7 +73,7 @@ def main() -> None:
     )
     print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
     result(
-        "solaris-efficiency",
+        "solaris-efficiency" if STAGE == "early" else "solaris-efficiency-1000",
         graph_rate / loop_rate,
         TARGET,
         f"stream graph on Prism {graph_rate:,.0f} pairs/s at saturation vs the plain loop {loop_rate:,.0f} "
@@ -83,15 +93,23 @@ def funnel_world(users: int, days: int, requests: int, root: Path) -> tuple[Path
     return events, funnel, features
 
 
-def early_sets(funnel: Path) -> pa.Table:
+def early_sets(funnel: Path, stage: str = "early") -> pa.Table:
+    """The funnel's candidate sets of ``stage`` (early: ~200 ads; retrieval: ~1,000), by request id."""
     from pipelines.generator.funnel import stage_rows
     from pipelines.io.parquet import read_table
     from pipelines.schemas.layouts import CANDIDATE_SET
 
-    return stage_rows(read_table(str(funnel), CANDIDATE_SET), "early").sort_by("request_id")
+    return stage_rows(read_table(str(funnel), CANDIDATE_SET), stage).sort_by("request_id")
 
 
-def _keys(sets: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+def stage_of(sets: pa.Table) -> str:
+    """The funnel stage of ``sets`` (all of one stage)."""
+    from pipelines.schemas.enums import FUNNEL_STAGES
+
+    return FUNNEL_STAGES[int(sets["stage"][0].as_py())]
+
+
+def set_keys(sets: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     """``(user_id, ad_id)`` of every pair of ``sets``, set by set."""
     ads = sets["ad_ids"].combine_chunks()
     return np.repeat(sets["user_id"].to_numpy(), ads.value_lengths().to_numpy()), ads.flatten().to_numpy()
@@ -100,7 +118,7 @@ def _keys(sets: pa.Table) -> tuple[np.ndarray, np.ndarray]:
 def _pairs(sets: pa.Table) -> int:
     """Distinct (user, ad) pairs of ``sets``: what a run into a fresh store computes (a pair asked
     again is found fresh, or repeated in its batch, and not computed again)."""
-    return len(np.unique(np.stack(_keys(sets), axis=1), axis=0))
+    return len(np.unique(np.stack(set_keys(sets), axis=1), axis=0))
 
 
 def graph_run(graph: StreamGraphRunner, sets: pa.Table, root: Path, bootstrap: str) -> tuple[int, float]:
@@ -120,8 +138,8 @@ def graph_run(graph: StreamGraphRunner, sets: pa.Table, root: Path, bootstrap: s
     cmd = [
         sys.executable, "-m", "pipelines", "stream", "--topic", graph.events_topic, "--group", graph.group,
         "--output", str(graph.output), "--candidates-topic", topic, "--model", str(graph.model), "--store", store,
-        "--ad-catalog", str(graph.catalog), "--deadline-grace", "3650d", "--idle-exit", "2", "--device", "cpu",
-        "--bootstrap-servers", bootstrap,
+        "--ad-catalog", str(graph.catalog), "--stage", stage_of(sets), "--deadline-grace", "3650d",
+        "--idle-exit", "2", "--device", "cpu", "--bootstrap-servers", bootstrap,
     ]  # fmt: skip
     started = time.perf_counter()
     with open(root / f"{topic}.log", "wb") as log:
@@ -138,20 +156,36 @@ def _check_all_written(uri: str, sets: pa.Table) -> None:
     """Exit if a pair of ``sets`` is missing from the store: a rate of pairs not computed means nothing."""
     from pipelines.store import open_store
 
-    users, ads = _keys(sets)
+    users, ads = set_keys(sets)
     with open_store(uri) as store:
         found = store.read_arrays(users, ads, np.ones(len(users), bool)).found
     if not found.all():
         sys.exit(f"the graph wrote {int(found.sum()):,} of {len(found):,} pairs: no rate to report")
 
 
-def _loop(sets: pa.Table, features: Path, model: Path, catalog: Path, root: Path) -> tuple[int, float]:
-    """(pairs, seconds) of the candidates job's computation over ``sets``, 8 at a time, in this process,
-    with the graph's ad catalog."""
+@dataclass
+class LoopRun:
+    """One run of the plain loop: distinct pairs, seconds, the encoding cache's hits and misses, and its store."""
+
+    pairs: int
+    seconds: float
+    hits: int
+    misses: int
+    store: str
+
+
+def loop_run(
+    sets: pa.Table, features: Path, model: Path, catalog: Path, root: Path, encoding_cache: int = 0
+) -> LoopRun:
+    """The candidates job's computation over ``sets``, 8 at a time, in this process, with the graph's ad
+    catalog and deadlines lifted, into a fresh LMDB store (the caller removes it); ``encoding_cache``
+    users' encodings kept (0: none, batch precompute's plain loop)."""
     import torch
 
     from pipelines.model.checkpoint import load_model
+    from pipelines.model.encoding import EncodingCache
     from pipelines.precompute.refresh import Refresher
+    from pipelines.settings import ENCODING_MAX_AGE
     from pipelines.store import open_store
     from pipelines.streaming.history_view import HistoryView
     from pipelines.streaming.pair_work import pair_keys
@@ -161,7 +195,8 @@ def _loop(sets: pa.Table, features: Path, model: Path, catalog: Path, root: Path
     torch.set_num_threads(1)
     loaded = load_model(str(model), device="cpu")
     view = HistoryView(str(features))
-    refresher = Refresher(loaded, loaded.model_version, catalog=load_ad_catalog(str(catalog)))
+    cache = EncodingCache.of(encoding_cache, ENCODING_MAX_AGE.seconds)
+    refresher = Refresher(loaded, loaded.model_version, catalog=load_ad_catalog(str(catalog)), encoding_cache=cache)
     uri = f"lmdb://{root}/store-loop-{uuid.uuid4().hex[:6]}"
     n = sets.num_rows  # the keyed step's columns, so that the graph's own conversion serves
     work = candidate_work(
@@ -175,8 +210,8 @@ def _loop(sets: pa.Table, features: Path, model: Path, catalog: Path, root: Path
             batch = work[i : i + 8]
             write_pairs(refresher, store, loaded.model_version, view.rows(pair_keys(batch)[0]), batch, 3600.0)
         seconds = time.perf_counter() - started
-    shutil.rmtree(uri.removeprefix("lmdb://"), ignore_errors=True)
-    return _pairs(sets), seconds
+    hits, misses = (cache.hits, cache.misses) if cache else (0, 0)
+    return LoopRun(_pairs(sets), seconds, hits, misses, uri)
 
 
 if __name__ == "__main__":

@@ -125,11 +125,6 @@ def pair_outcomes(port: int) -> dict[str, float] | None:
 def seed_stream(events: Path, features: Path, model: Path, root: Path, bootstrap: str) -> StreamGraphRunner:
     """Stream the world's ``events`` into a fresh stream output (Prism, ``--idle-exit``) and write the
     ad catalog of the ``features`` snapshot: what the graph's runs start from."""
-    import pyarrow.parquet as pq
-
-    from pipelines.io.files import match_files
-    from pipelines.model.inputs import ad_catalog
-
     topic = f"bench-solaris-events-{uuid.uuid4().hex[:8]}"
     output = root / topic
     common = ["--bootstrap-servers", bootstrap]
@@ -140,7 +135,17 @@ def seed_stream(events: Path, features: Path, model: Path, root: Path, bootstrap
         check=True,
         stdout=subprocess.DEVNULL,
     )
-    histories = pq.ParquetDataset(match_files(str(features / "histories/*/*.parquet"))).read()
-    catalog = root / f"{topic}-ad-catalog.parquet"
-    pq.write_table(ad_catalog(histories), catalog)
+    catalog = write_ad_catalog(features, root / f"{topic}-ad-catalog.parquet")
     return StreamGraphRunner(topic, topic, output, catalog, model)
+
+
+def write_ad_catalog(features: Path, path: Path) -> Path:
+    """The ad catalog of the ``features`` snapshot's histories, written to ``path``."""
+    import pyarrow.parquet as pq
+
+    from pipelines.io.files import match_files
+    from pipelines.model.inputs import ad_catalog
+
+    histories = pq.ParquetDataset(match_files(str(features / "histories/*/*.parquet"))).read()
+    pq.write_table(ad_catalog(histories), path)
+    return path
