@@ -17,10 +17,22 @@ import pyarrow.compute as pc
 from pipelines.schemas.layouts import CANDIDATES
 from pipelines.store import ReadResult
 
-__all__ = ["FIRST_TIER", "CandidateWork", "Plan", "WorkQueue", "plan_pairs", "rank_tiers", "split_by_deadline"]
+__all__ = [
+    "FIRST_TIER",
+    "TIER_MIN_PAIRS",
+    "CandidateWork",
+    "Plan",
+    "WorkQueue",
+    "plan_pairs",
+    "rank_tiers",
+    "split_by_deadline",
+]
 
 #: Ads of each set in the first rank tier; each later tier is as wide as all before it (64, 64, 128, 256, ...).
 FIRST_TIER = 64
+#: A batch with no more pairs to compute than this goes in one pass: each tier costs a forward's fixed
+#: cost (several ms on a CPU), which pays only when the batch is long enough for a deadline to bite.
+TIER_MIN_PAIRS = 1_024
 
 
 @dataclass(frozen=True)
@@ -147,16 +159,21 @@ def plan_pairs(
     )
 
 
-def rank_tiers(requests: pa.Table, first: int = FIRST_TIER) -> list[tuple[np.ndarray, pa.Table]]:
+def rank_tiers(
+    requests: pa.Table, first: int = FIRST_TIER, min_pairs: int = TIER_MIN_PAIRS
+) -> list[tuple[np.ndarray, pa.Table]]:
     """``requests`` (CANDIDATES rows, each one's ads best first) cut by rank: tier 0 holds ranks
     ``[0, first)`` of every request, each later tier ranks as many again as all before it
     (``[first, 2 first)``, ``[2 first, 4 first)``, ...). Each tier is ``(rows of requests it holds,
     those requests with only that tier's ads)``, rows in the requests' order; computed tier by tier,
-    every set's likeliest survivors of the next stage finish before any set's unlikeliest."""
+    every set's likeliest survivors of the next stage finish before any set's unlikeliest. Requests
+    of ``min_pairs`` ads or fewer in all are one tier."""
     if first < 1:
         raise ValueError(f"first must be >= 1, got {first}")
     ads = requests.column("ad_ids").combine_chunks() if requests.num_rows else pa.array([], pa.list_(pa.int64()))
     counts = ads.value_lengths().to_numpy(zero_copy_only=False) if len(ads) else np.zeros(0, np.int64)
+    if 0 < counts.sum() <= min_pairs:
+        return [(np.arange(len(counts)), requests)]
     tiers: list[tuple[np.ndarray, pa.Table]] = []
     start, stop = 0, first
     while len(counts) and start < counts.max():
