@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,9 +122,11 @@ def _pairs(sets: pa.Table) -> int:
     return len(np.unique(np.stack(set_keys(sets), axis=1), axis=0))
 
 
-def graph_run(graph: StreamGraphRunner, sets: pa.Table, root: Path, bootstrap: str) -> tuple[int, float]:
+def graph_run(
+    graph: StreamGraphRunner, sets: pa.Table, root: Path, bootstrap: str, flags: Sequence[str] = ()
+) -> tuple[int, float]:
     """(pairs asked, seconds) of one ``stream --candidates-topic`` run over ``sets`` (on their topic
-    before it starts) until its idle exit."""
+    before it starts) until its idle exit; ``flags``: more ``stream`` flags."""
     from pipelines.io.kafka.candidate_sets import candidate_sets_to_wire
     from pipelines.io.kafka.produce import KafkaSink, delete_topics, ensure_topic
 
@@ -139,7 +142,7 @@ def graph_run(graph: StreamGraphRunner, sets: pa.Table, root: Path, bootstrap: s
         sys.executable, "-m", "pipelines", "stream", "--topic", graph.events_topic, "--group", graph.group,
         "--output", str(graph.output), "--candidates-topic", topic, "--model", str(graph.model), "--store", store,
         "--ad-catalog", str(graph.catalog), "--stage", stage_of(sets), "--deadline-grace", "3650d",
-        "--idle-exit", "2", "--device", "cpu", "--bootstrap-servers", bootstrap,
+        "--idle-exit", "2", "--device", "cpu", "--bootstrap-servers", bootstrap, *flags,
     ]  # fmt: skip
     started = time.perf_counter()
     with open(root / f"{topic}.log", "wb") as log:
