@@ -204,6 +204,8 @@ class GemModel(nn.Module):
             for j, h in enumerate(missing):
                 found[h] = one = fresh.select(rows.new_tensor([j]))
                 cache.put(*keys[h], one)
+            if len(missing) == len(found):  # nothing reused: the batch's own encoding, not a copy
+                return fresh
         return UserEncoding.concat([encoding for encoding in found if encoding is not None])
 
     def _encode(self, history: GemBatch, ids: torch.Tensor) -> UserEncoding:
