@@ -95,7 +95,6 @@ class EncodingCache:
         self.capacity, self.max_age_s, self._clock = capacity, max_age_s, clock
         self._entries: OrderedDict[int, tuple[bytes, float, UserEncoding]] = OrderedDict()
         self.hits = self.misses = self.tokens_saved = 0
-        self._taken = (0, 0, 0)
 
     def get(self, user: int, digest: bytes) -> UserEncoding | None:
         """The user's encoding if it was stored for this digest less than ``max_age_s`` ago."""
@@ -116,13 +115,6 @@ class EncodingCache:
         self._entries.move_to_end(user)
         while len(self._entries) > self.capacity:
             self._entries.popitem(last=False)
-
-    def take_counts(self) -> tuple[int, int, int]:
-        """(hits, misses, tokens_saved) since the last call: what a metrics counter adds."""
-        now = (self.hits, self.misses, self.tokens_saved)
-        since = tuple(a - b for a, b in zip(now, self._taken, strict=True))
-        self._taken = now
-        return since[0], since[1], since[2]
 
     def __len__(self) -> int:
         return len(self._entries)

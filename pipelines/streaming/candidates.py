@@ -36,17 +36,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pipelines.errors import ConfigError
-
-if TYPE_CHECKING:
-    from pipelines.model.encoding import EncodingCache
-    from pipelines.streaming.pairs import PairCounts
 from pipelines.io.kafka.candidate_sets import decode_candidate_sets
 from pipelines.io.kafka.config import KafkaConnection
 from pipelines.schemas.enums import FUNNEL_STAGE_CODE, FUNNEL_STAGES
 from pipelines.settings import ENCODING_CACHE, ENCODING_MAX_AGE, PAIR_MAX_AGE
 from pipelines.streaming.metrics import JobMetrics
-from pipelines.streaming.pair_work import CandidateWork, WorkQueue, pair_keys, split_by_deadline
+from pipelines.streaming.pair_work import CandidateWork, WorkQueue, pair_keys
 from pipelines.streaming.state import OffsetLedger
+
+if TYPE_CHECKING:  # pairs imports Beam's RunInference: loaded by the worker only
+    from pipelines.streaming.pairs import PairCounts
 
 __all__ = ["CandidatesConfig", "CandidatesJob", "JobCounts", "write_dead_letter"]
 
@@ -154,23 +153,17 @@ class CandidatesJob:
 
     # -- the worker ----------------------------------------------------------------------------
     def _process(self, compute: _Compute, work: list[CandidateWork]) -> None:
+        from pipelines.streaming.pairs import answer_sets
+
         started = time.perf_counter()
-        now_ms = int(time.time() * 1000)
-        live, late = split_by_deadline(work, now_ms, int(self._config.deadline_grace_s * 1000))
-        if late:
-            self.counts.deadline_dropped += len(late)
-            self.metrics.deadline_dropped.labels(self.metrics.pipeline).inc(len(late))
-            self.metrics.pairs.labels(self.metrics.pipeline, "late").inc(sum(len(w.ad_ids) for w in late))
+        grace_ms = int(self._config.deadline_grace_s * 1000)
+        live, late, outcome = answer_sets(work, grace_ms, self.metrics, lambda sets: compute.pairs(sets, grace_ms))
+        self.counts.deadline_dropped += len(late)
+        self.counts.pairs_computed += outcome.computed
+        self.counts.pairs_fresh += outcome.fresh
+        self.counts.pairs_repeated += outcome.repeated
+        self.counts.pairs_late += outcome.late
         if live:
-            outcome = compute.pairs(live, int(self._config.deadline_grace_s * 1000))
-            self.metrics.encodings(compute.encoding_cache)
-            outcome.record(self.metrics)
-            self.counts.pairs_computed += outcome.computed
-            self.counts.pairs_fresh += outcome.fresh
-            self.counts.pairs_repeated += outcome.repeated
-            self.counts.pairs_late += outcome.late
-            written_ms = time.time() * 1000
-            self.metrics.fresh("candidate_to_pair", [(written_ms - w.stage_ms) / 1000 for w in live])
             self.metrics.state_users.labels(self.metrics.pipeline).set(compute.view.num_users)
         self.counts.requests_done += len(live)
         self.metrics.step("pairs", time.perf_counter() - started)
@@ -307,10 +300,6 @@ class _Compute:
         self._store = open_store(config.store)
         self._max_age_s = config.pair_max_age_s
         self.view = HistoryView(config.histories, refresh_s=config.history_refresh_s)
-
-    @property
-    def encoding_cache(self) -> EncodingCache | None:
-        return self._refresher.encoding_cache
 
     def pairs(self, work: list[CandidateWork], grace_ms: int) -> PairCounts:
         """Compute and write the pairs of ``work`` not fresh in the store (``write_pairs``)."""

@@ -33,13 +33,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TextIO
+from typing import TextIO
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, start_http_server
-
-if TYPE_CHECKING:
-    from pipelines.model.encoding import EncodingCache
 
 __all__ = ["JobMetrics", "Rates", "StatusLine", "shared_metrics"]
 
@@ -105,15 +102,6 @@ class JobMetrics:
 
     def dead(self, reason: str, n: int = 1) -> None:
         self.dead_letters.labels(self.pipeline, reason).inc(n)
-
-    def encodings(self, cache: EncodingCache | None) -> None:
-        """Add what ``cache`` reused and computed since the last call (nothing without a cache)."""
-        if cache is None:
-            return
-        hits, misses, tokens = cache.take_counts()
-        self.user_encodings.labels(self.pipeline, "hit").inc(hits)
-        self.user_encodings.labels(self.pipeline, "miss").inc(misses)
-        self.encoding_tokens_saved.labels(self.pipeline).inc(tokens)
 
     def step(self, step: str, seconds: float) -> None:
         self.step_seconds.labels(self.pipeline, step).observe(seconds)

@@ -45,6 +45,7 @@ __all__ = [
     "ComputePairs",
     "PairCounts",
     "PairsModelHandler",
+    "answer_sets",
     "candidate_work",
     "is_candidate_sets",
     "load_ad_catalog",
@@ -128,16 +129,42 @@ def load_ad_catalog(path: str) -> pa.Table:
 @dataclass(frozen=True)
 class PairCounts:
     """What became of a batch's pairs: ``computed`` and written, found ``fresh`` in the store, ``repeated``
-    in the batch, or ``late``: not computed because their set passed its deadline between rank tiers."""
+    in the batch, or ``late``: not computed because their set passed its deadline between rank tiers; and
+    the histories whose user-side encoding the cache ``reused`` or ``encoded``, with the ``tokens_saved``."""
 
     computed: int
     fresh: int
     repeated: int
     late: int = 0
+    reused: int = 0
+    encoded: int = 0
+    tokens_saved: int = 0
 
     def record(self, metrics: JobMetrics) -> None:
         for outcome in ("computed", "fresh", "repeated", "late"):
             metrics.pairs.labels(metrics.pipeline, outcome).inc(getattr(self, outcome))
+        metrics.user_encodings.labels(metrics.pipeline, "hit").inc(self.reused)
+        metrics.user_encodings.labels(metrics.pipeline, "miss").inc(self.encoded)
+        metrics.encoding_tokens_saved.labels(metrics.pipeline).inc(self.tokens_saved)
+
+
+def answer_sets(
+    work: list[CandidateWork], grace_ms: int, metrics: JobMetrics, write: Callable[[list[CandidateWork]], PairCounts]
+) -> tuple[list[CandidateWork], list[CandidateWork], PairCounts]:
+    """The one answering path of both jobs: the sets past ``needed_by + grace_ms`` are dropped and counted;
+    ``write`` computes and writes the others' pairs (:func:`write_pairs`), recorded in ``metrics`` with the
+    sets' stage time to written. Returns (sets in time, sets dropped, what became of the pairs)."""
+    live, late = split_by_deadline(work, int(time.time() * 1000), grace_ms)
+    if late:
+        metrics.deadline_dropped.labels(metrics.pipeline).inc(len(late))
+        metrics.pairs.labels(metrics.pipeline, "late").inc(sum(len(w.ad_ids) for w in late))
+    counts = PairCounts(0, 0, 0)
+    if live:
+        counts = write(live)
+        counts.record(metrics)
+        written_ms = time.time() * 1000
+        metrics.fresh("candidate_to_pair", [(written_ms - w.stage_ms) / 1000 for w in live])
+    return live, late, counts
 
 
 def write_pairs(
@@ -171,6 +198,8 @@ def write_pairs(
     )
     stored = store.read_arrays(users, ads, np.ones(len(users), bool), max_age_s=max_age_s)
     plan = plan_pairs(work, stored, last, model_version)
+    cache = refresher.encoding_cache
+    before = (0, 0, 0) if cache is None else (cache.hits, cache.misses, cache.tokens_saved)
     computed = late = 0
     for rows, tier in rank_tiers(plan.requests):
         now_ms = int(clock() * 1000)
@@ -182,7 +211,9 @@ def write_pairs(
         if tier.num_rows:
             store.write_batch(refresher.pairs(histories, tier, computed_at_ms=now_ms))
             computed += int(sizes.sum())
-    return PairCounts(computed, plan.pairs_fresh, plan.pairs_repeated, late)
+    after = before if cache is None else (cache.hits, cache.misses, cache.tokens_saved)
+    reused, encoded, saved = (a - b for a, b in zip(after, before, strict=True))
+    return PairCounts(computed, plan.pairs_fresh, plan.pairs_repeated, late, reused, encoded, saved)
 
 
 class PairWriting:
@@ -209,14 +240,12 @@ class PairWriting:
         self._grace_ms = int(config.deadline_grace_s * 1000)
         self._lock = threading.Lock()
 
-    def write(self, histories: pa.Table, work: list[CandidateWork], metrics: JobMetrics) -> None:
-        """Compute and write ``work``'s pairs (:func:`write_pairs`), counted in ``metrics``."""
+    def write(self, histories: pa.Table, work: list[CandidateWork]) -> PairCounts:
+        """Compute and write ``work``'s pairs (:func:`write_pairs`)."""
         with self._lock:
-            counts = write_pairs(
+            return write_pairs(
                 self._refresher, self._store, self.model_version, histories, work, self._max_age_s, self._grace_ms
             )
-            metrics.encodings(self._refresher.encoding_cache)
-        counts.record(metrics)
 
 
 #: (the user's current HISTORY row, 0 or 1 rows; the user's candidate sets).
@@ -251,16 +280,9 @@ class PairsModelHandler(ModelHandler[Pending, PredictionResult, PairWriting]):
 
         started = time.perf_counter()
         work = [w for _, sets in batch for w in candidate_work(sets)]
-        grace_ms = int(self._config.deadline_grace_s * 1000)
-        live, late = split_by_deadline(work, int(time.time() * 1000), grace_ms)
+        histories = newest_rows([row for row, _ in batch])
         metrics = shared_metrics("stream")
-        if live:
-            model.write(newest_rows([row for row, _ in batch]), live, metrics)
-            written_ms = time.time() * 1000
-            metrics.fresh("candidate_to_pair", [(written_ms - w.stage_ms) / 1000 for w in live])
-        if late:
-            metrics.deadline_dropped.labels(metrics.pipeline).inc(len(late))
-            metrics.pairs.labels(metrics.pipeline, "late").inc(sum(len(w.ad_ids) for w in late))
+        answer_sets(work, int(self._config.deadline_grace_s * 1000), metrics, lambda live: model.write(histories, live))
         metrics.step("pairs", time.perf_counter() - started)
         return [PredictionResult(offsets_by_partition(sets), None, model_id=model.model_version) for _, sets in batch]
 

@@ -51,6 +51,8 @@ def test_rank_tiers_take_every_requests_best_ads_first_and_double_in_width() -> 
 class _Recording:
     """A stand-in for the model's Refresher that records each call's pairs and moves the clock on."""
 
+    encoding_cache = None
+
     def __init__(self, clock: list[float], step_s: float) -> None:
         self.calls: list[list[tuple[int, list[int]]]] = []
         self._clock, self._step = clock, step_s
