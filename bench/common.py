@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     import torch
@@ -130,3 +130,14 @@ def kafka_connection(bootstrap: str | None = None) -> KafkaConnection:
         )
         raise SystemExit(2) from None
     return KafkaConnection(bootstrap_servers=(server,))
+
+
+def metric_samples(port: int, timeout_s: float = 5.0) -> list[Any]:
+    """Every sample (``name``, ``labels``, ``value``) a job serves on ``/metrics`` at ``port`` on this host."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout_s) as response:
+        text = response.read().decode()
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]

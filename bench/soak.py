@@ -26,7 +26,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -39,7 +38,7 @@ sys.path.insert(0, os.path.dirname(_HERE))
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
-from bench.common import QUICK, WORK, generate, kafka_connection, result  # noqa: E402
+from bench.common import QUICK, WORK, generate, kafka_connection, metric_samples, result  # noqa: E402
 from bench.flink_parts import free_port  # noqa: E402
 
 GOAL = 20_000
@@ -52,19 +51,14 @@ PARTITIONS = 4
 
 
 def scrape(port: int) -> dict[str, float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
     out = {"lag": 0.0, "lag_s": 0.0, "rss": 0.0}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == "gem_consumer_lag_messages":
-                out["lag"] += s.value
-            elif s.name == "gem_consumer_lag_seconds":
-                out["lag_s"] = max(out["lag_s"], s.value)
-            elif s.name == "process_resident_memory_bytes":
-                out["rss"] = s.value
+    for s in metric_samples(port):
+        if s.name == "gem_consumer_lag_messages":
+            out["lag"] += s.value
+        elif s.name == "gem_consumer_lag_seconds":
+            out["lag_s"] = max(out["lag_s"], s.value)
+        elif s.name == "process_resident_memory_bytes":
+            out["rss"] = s.value
     return out
 
 

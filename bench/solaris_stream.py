@@ -103,22 +103,18 @@ class StreamGraphRunner:
 def pair_outcomes(port: int) -> dict[str, float] | None:
     """``gem_pairs_total`` by outcome and ``gem_deadline_dropped_total`` (as ``dropped``) from the job's
     /metrics on ``port``; None if it does not answer."""
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
+    from bench.common import metric_samples
 
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
-            text = answer.read().decode()
+        samples = metric_samples(port, timeout_s=10)
     except OSError:
         return None
     counts = {"computed": 0.0, "fresh": 0.0, "repeated": 0.0, "dropped": 0.0}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "gem_pairs_total" and sample.labels.get("outcome") in counts:
-                counts[sample.labels["outcome"]] += sample.value
-            elif sample.name == "gem_deadline_dropped_total":
-                counts["dropped"] += sample.value
+    for sample in samples:
+        if sample.name == "gem_pairs_total" and sample.labels.get("outcome") in counts:
+            counts[sample.labels["outcome"]] += sample.value
+        elif sample.name == "gem_deadline_dropped_total":
+            counts["dropped"] += sample.value
     return counts
 
 
