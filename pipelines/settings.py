@@ -1,7 +1,7 @@
 """The project's tunable defaults, each defined once with its bounds and checked in one place.
 
 A :class:`Bounded` number or a :class:`Duration` carries the flag that sets it, its default
-and what it accepts. The configs (``FeaturesConfig``, ``StreamConfig``, ``CandidatesConfig``,
+and what it accepts. The configs (``FeaturesConfig``, ``StreamConfig``,
 ``BuildHistories``) take their defaults from here and validate with :meth:`Bounded.check`;
 the CLI's flags (:mod:`pipelines.cli.flags`) take theirs from here too, so a parser default
 and a config default cannot drift apart (``tests/cli/test_defaults.py`` holds them together).

@@ -35,7 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "produce": ("pipelines.cli.produce", "load a generator events file into a Kafka topic (JSON, key = user_id)"),
     "replay": ("pipelines.cli.replay", "run the features pipeline over a Kafka topic range (Beam, batch)"),
     "stream": ("pipelines.cli.stream", "stream a Kafka topic into per-user histories (Beam on Prism, state)"),
-    "solaris": ("pipelines.cli.solaris", "precompute pair representations from a candidate-set topic (long-running)"),
+    "solaris": ("pipelines.cli.solaris", "stream --candidates-topic: pair representations as the funnel narrows"),
     "transfer": ("pipelines.cli.transfer", "measure downstream rankers with representations vs distillation vs alone"),
 }
 

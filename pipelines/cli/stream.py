@@ -34,6 +34,9 @@ representations (on the user's history as the next flush would write it) go to -
 their offsets are committed; sets past their needed_by are dropped and counted, pairs fresh in
 the store skipped. --ad-catalog gives the candidate ads' advertiser and category.
 
+SIGTERM stops the job cleanly (exit 0): on Prism the reads end and the graph drains (what was
+read is written and committed; a second SIGTERM cancels), on Flink the job is cancelled.
+
 --metrics-port serves Prometheus metrics (consumer lag per partition, events/s, dead
 letters per reason, flush and refresh latencies, freshness, buffered events, users,
 RSS); on a terminal a status line comes every 5 s.
@@ -69,7 +72,8 @@ ACCEPTS_BEAM_ARGS = True
 STREAM_BUNDLE_MS = 200
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser, *, pairs: bool = False) -> None:
+    """``stream``'s flags; with ``pairs`` (``solaris``), --candidates-topic, --model and --store are required."""
     flags.add_topic(parser, "topic of events")
     flags.add_group(parser)
     parser.add_argument(
@@ -88,10 +92,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--model",
+        required=pairs,
         metavar="MODEL_DIR",
         help="refresh representations with this model (output folder of the train command)",
     )
-    flags.add_store(parser, required=False, what=" for refreshed representations")
+    flags.add_store(parser, required=pairs, what=" for refreshed representations")
     parser.add_argument(
         "--candidates",
         nargs="+",
@@ -105,7 +110,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         settings.CANDIDATE_TTL,
         "a candidate set is recent if requested at most this long before the user's last event",
     )
-    _add_candidate_arguments(parser)
+    _add_candidate_arguments(parser, required=pairs)
     flags.add_rep_history(
         parser, "appended as events arrive (only the new events go through --model; needs --model, not --store)"
     )
@@ -135,7 +140,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flags.beam_flag(group, "prism_location", metavar="PATH", help="Prism binary (Beam's option; default: make prism's)")
 
 
-def _add_candidate_arguments(parser: argparse.ArgumentParser) -> None:
+def _add_candidate_arguments(parser: argparse.ArgumentParser, *, required: bool) -> None:
     from pipelines.schemas.enums import FUNNEL_STAGES
 
     group = parser.add_argument_group(
@@ -145,6 +150,7 @@ def _add_candidate_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--candidates-topic",
+        required=required,
         metavar="TOPIC",
         default=None,
         help="topic of candidate sets (CANDIDATE_SET JSON, key = user_id), read beside --topic; needs --model "
@@ -210,11 +216,8 @@ def stream_config(args: argparse.Namespace, on_flink: bool) -> StreamConfig:
 
 def _check_inputs(config: StreamConfig) -> None:
     """A bad store URI, an unreachable server or refused credentials, a missing or mismatched
-    checkpoint, missing or foreign candidate files: all fail before any work."""
-    if config.store:
-        from pipelines.store import check_store
-
-        check_store(config.store)
+    checkpoint, missing or foreign candidate files: all fail before any work, the files before the store
+    is opened (an LMDB store is created on opening)."""
     if config.model:
         from pipelines.precompute.pipeline import load_model_flag
 
@@ -227,6 +230,10 @@ def _check_inputs(config: StreamConfig) -> None:
         from pipelines.streaming.pairs import load_ad_catalog
 
         load_ad_catalog(config.ad_catalog)
+    if config.store:
+        from pipelines.store import check_store
+
+        check_store(config.store)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -265,7 +272,8 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger(__name__).info(
         "stream: %s from %s", args.topic, ", ".join(f"{s.partition}@{s.start}" for s in starts)
     )
-    stop_watching = watch_stream(connection, config.topics, args.group, args.metrics_port)
+    pairs = config.candidates_topic is not None
+    stop_watching = watch_stream(connection, config.topics, args.group, args.metrics_port, pairs=pairs)
     try:
         with writer_lock(args.output):  # one job per --output; a dead one frees it
             config = _claim(config, len(commits), commits)
@@ -274,21 +282,39 @@ def run(args: argparse.Namespace) -> int:
             _run(p, connection, config, args.idle_exit, on_flink)
     finally:
         stop_watching()
-    print(f"stream: {args.topic} finished (idle for {args.idle_exit} s); histories in {args.output}/histories")
+    ended = "stopped" if args.idle_exit is None else f"finished (idle for {args.idle_exit} s)"
+    print(f"stream: {args.topic} {ended}; histories in {args.output}/histories")
+    if pairs and not on_flink:  # on Flink the counts stay in the workers' processes
+        print(_pairs_line(config.candidates_topic))
     return 0
 
 
+def _pairs_line(topic: str | None) -> str:
+    """The candidate sets' closing line, from this process's metrics (Prism's workers run here)."""
+    from pipelines.streaming.metrics import PAIR_OUTCOMES, shared_metrics
+
+    metrics = shared_metrics("stream")
+    pairs = ", ".join(f"{metrics.value('gem_pairs_total', outcome=o):,.0f} {o}" for o in PAIR_OUTCOMES)
+    return (
+        f"solaris: {metrics.value('gem_records_total', kind='candidate_sets'):,.0f} candidate sets read from "
+        f"{topic} ({metrics.value('gem_deadline_dropped_total'):,.0f} past their deadline); pairs: {pairs}"
+    )
+
+
 def _run(p: Any, connection: Any, config: StreamConfig, idle_exit: float | None, on_flink: bool) -> None:
-    """Run the job; one whose broker stayed away past --broker-timeout fails with that error (its
-    workers run in this process on Prism: the process's broker watch knows)."""
+    """Run the job until it is idle (--idle-exit) or stopped (SIGTERM, :func:`stopping_on_sigterm`); one
+    whose broker stayed away past --broker-timeout fails with that error (its workers run in this
+    process on Prism: the process's broker watch knows)."""
     from pipelines.io.kafka.outage import BrokerUnavailableError, broker_watch
+    from pipelines.streaming.drive import run_on_prism, stopping_on_sigterm
 
     watch = broker_watch(connection, config.broker_timeout_s)
     try:
-        if on_flink:
-            _run_on_flink(p, connection, config, idle_exit)
-        else:
-            p.run().wait_until_finish()
+        with stopping_on_sigterm(drain=not on_flink):
+            if on_flink:
+                _run_on_flink(p, connection, config, idle_exit)
+            else:
+                run_on_prism(p)
     except Exception as exc:
         if watch.expired():
             raise BrokerUnavailableError(watch.expired_message()) from exc

@@ -9,7 +9,7 @@ still refreshes them). :class:`Refresher` computes, with the trained model:
   candidate set if it is recent (its request time within ``ttl`` of the user's
   last event), re-scored on the whole updated history.
 
-:meth:`Refresher.pairs` is the candidates job's step (:mod:`pipelines.streaming.candidates`):
+:meth:`Refresher.pairs` is the stream graph's pairs step (:mod:`pipelines.streaming.pairs`):
 pair representations of the candidate sets the ranking funnel hands over. With an
 ``encoding_cache``, a set whose user's history is unchanged since that user's last set
 reuses the history's encoding (:mod:`pipelines.model.encoding`); only the per-ad work runs.

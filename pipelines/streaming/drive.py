@@ -7,18 +7,25 @@ timers at the end of input, which hangs the job. So ``stream --idle-exit`` on Fl
 ends the job from the driver: once the consumer group's committed offsets equal the
 topic's end offsets and stay so for ``idle_exit_s``, every event read is flushed
 (a commit never gets ahead of a flush) and the job is cancelled with nothing left in it.
+
+SIGTERM stops a job cleanly (:func:`stopping_on_sigterm`): on Prism, whose workers run in the
+driver's process, every read ends and the graph drains as at an idle exit (what was read is
+written and committed); a second SIGTERM, or the first on Flink, cancels the job. Either way the
+command ends as a finished one, and a restart resumes from the committed offsets.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from pipelines.io.kafka.config import KafkaConnection
 
-__all__ = ["behind", "run_until_idle"]
+__all__ = ["Stopped", "behind", "run_on_prism", "run_until_idle", "stopping_on_sigterm"]
 
 log = logging.getLogger(__name__)
 
@@ -96,3 +103,44 @@ class _Progress:
             log.info("stream: %d records of %s not yet committed", records, self._topic)
             self._said, self._at = records, now
         return records
+
+
+class Stopped(BaseException):
+    """SIGTERM cancelled the job (a BaseException, like KeyboardInterrupt: Beam's code does not catch it)."""
+
+
+def _cancel(_signum: int, _frame: Any) -> None:
+    raise Stopped
+
+
+def _drain(signum: int, frame: Any) -> None:
+    from pipelines.streaming.job import DRAIN
+
+    if DRAIN.is_set():
+        _cancel(signum, frame)
+    DRAIN.set()
+    log.info("SIGTERM: draining (what was read is written and committed); a second SIGTERM cancels")
+
+
+@contextlib.contextmanager
+def stopping_on_sigterm(drain: bool) -> Iterator[None]:
+    """Within: SIGTERM drains the graph (``drain``: Prism, whose readers run in this process) or cancels
+    it; a cancelled job ends the block quietly, as a finished one."""
+    previous = signal.signal(signal.SIGTERM, _drain if drain else _cancel)
+    try:
+        yield
+    except Stopped:
+        log.info("stopped (SIGTERM); a restart resumes from the committed offsets")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_on_prism(p: Any) -> None:
+    """Run ``p`` to its end; a :class:`Stopped` cancels it."""
+    result = p.run()
+    try:
+        result.wait_until_finish()
+    except Stopped:
+        with contextlib.suppress(Exception):
+            result.cancel()
+        raise

@@ -1,5 +1,5 @@
-"""The latest history of each user, as the candidates job reads it: the streaming job's flush files,
-or a features snapshot.
+"""The latest history of each user, read from outside the graph (the Solaris benches' baselines): the
+streaming job's flush files, or a features snapshot.
 
 A folder written by ``stream`` (``DIR/histories/shard=*/flush-*|full-*.parquet``, or
 still empty) is followed: every ``refresh_s`` the view lists the shards' files again and reads only the

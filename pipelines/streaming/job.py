@@ -34,6 +34,7 @@ events that a history already holds (same event_id): no event lost, none counted
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -68,12 +69,15 @@ from pipelines.streaming.keyed import (
 from pipelines.streaming.refresh import Refresh
 from pipelines.streaming.state import OFFSET, PARTITION
 
-__all__ = ["PartitionStart", "StreamConfig", "build_stream", "start_offsets"]
+__all__ = ["DRAIN", "PartitionStart", "StreamConfig", "build_stream", "start_offsets"]
 
 log = logging.getLogger(__name__)
 
 ACKS, DEAD = "acks", "dead_letters"
 _END = 2**62
+#: Set in the job's own process (SIGTERM on Prism, whose workers run there): every read ends, and the
+#: graph drains as at an idle exit: what was read is flushed, written and committed, then the job ends.
+DRAIN = threading.Event()
 
 
 @dataclass(frozen=True)
@@ -140,6 +144,10 @@ class _ReadPartitionFn(beam.DoFn):
         # batch is out (or after a short idle wait), and resume from a checkpoint.
         deadline = time.monotonic() + 0.5
         while time.monotonic() < deadline:
+            if DRAIN.is_set():
+                log.info("%s/%s: draining: this read ends at %d", element.topic, element.partition, position)
+                tracker.try_claim(_END)
+                return
             batch, after = self._poller.poll(element.topic, element.partition, position, timeout_s=0.1)
             if after > position and not tracker.try_claim(after - 1):
                 return
@@ -241,9 +249,13 @@ class _ReadPartitionFn(beam.DoFn):
         yield from _gaps(element.partition, position, after, offsets)
 
     def teardown(self) -> None:
-        self._poller.close()
-        self._group.close()
-        self._refetch.close()
+        # A cancelled job (SIGTERM) tears the reader down while a bundle thread may still be polling:
+        # kafka-python then refuses the concurrent close, which matters no more once the worker goes.
+        for client in (self._poller, self._group, self._refetch):
+            try:
+                client.close()
+            except RuntimeError as exc:
+                log.debug("closing %s at teardown: %s", type(client).__name__, exc)
 
 
 class _ReadCandidateSetsFn(_ReadPartitionFn):

@@ -85,11 +85,22 @@ def _record_age(peek: Any, tp: Any, offset: int, now: float) -> float:
     return max(0.0, now - records[0].timestamp / 1000.0) if records else 0.0
 
 
-def stream_status(metrics: JobMetrics, rates: Rates, lag: dict[Any, tuple[int, float]], seconds: float) -> str:
-    """The streaming job's status line: rates over the last ``seconds``, lag, p99 freshness, state, RSS."""
+def stream_status(
+    metrics: JobMetrics, rates: Rates, lag: dict[Any, tuple[int, float]], seconds: float, *, pairs: bool = False
+) -> str:
+    """The streaming job's status line: rates over the last ``seconds``, lag, p99 freshness, state, RSS;
+    with ``pairs``, the candidate sets' too."""
     behind = lag.values()
+    sets = (
+        f"{rates.rate(seconds, 'gem_records_total', kind='candidate_sets'):,.1f} sets/s, "
+        f"{rates.rate(seconds, 'gem_pairs_total', outcome='computed'):,.0f} pairs/s, "
+        f"p99 set->pair {metrics.p99('candidate_to_pair'):.2f} s, "
+        f"late sets {metrics.value('gem_deadline_dropped_total'):,.0f}, "
+        if pairs
+        else ""
+    )
     return (
-        f"stream: {rates.rate(seconds, 'gem_records_total', kind='events'):,.0f} events/s, "
+        f"stream: {rates.rate(seconds, 'gem_records_total', kind='events'):,.0f} events/s, {sets}"
         f"lag {sum(m for m, _ in behind):,} msgs ({max((s for _, s in behind), default=0.0):.1f} s), "
         f"p99 event->history {metrics.p99('event_to_history'):.2f} s, "
         f"event->user rep {metrics.p99('event_to_user_rep'):.2f} s, "
@@ -100,13 +111,22 @@ def stream_status(metrics: JobMetrics, rates: Rates, lag: dict[Any, tuple[int, f
 
 
 def watch_stream(
-    connection: KafkaConnection, topics: Sequence[str], group: str, port: int | None, status_interval_s: float = 5.0
+    connection: KafkaConnection,
+    topics: Sequence[str],
+    group: str,
+    port: int | None,
+    status_interval_s: float = 5.0,
+    *,
+    pairs: bool = False,
 ) -> Callable[[], None]:
     """Start what an operator watches of ``stream``: ``/metrics`` on ``port`` (None: not served), the
-    lag monitor, and a status line every ``status_interval_s`` on a terminal. Returns ``stop()``."""
+    lag monitor, and a status line every ``status_interval_s`` on a terminal. Returns ``stop()``.
+    With ``pairs`` (candidate sets read), every pair outcome is served from the start."""
     from pipelines.streaming.metrics import StatusLine, shared_metrics
 
     metrics = shared_metrics("stream")
+    if pairs:
+        metrics.expect_pairs()
     if port is not None:
         metrics.serve(port)
     lag = LagMonitor(connection, topics, group, metrics)
@@ -114,7 +134,7 @@ def watch_stream(
     rates = Rates(metrics)
 
     def render(seconds: float) -> str:
-        return stream_status(metrics, rates, lag.last, seconds)
+        return stream_status(metrics, rates, lag.last, seconds, pairs=pairs)
 
     status = StatusLine(render, status_interval_s)
     status.start()

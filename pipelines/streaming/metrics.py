@@ -1,9 +1,10 @@
-"""Metrics of the long-running jobs (``stream``, ``solaris``): Prometheus exposition and a status line.
+"""Metrics of the long-running graph (``stream``, and ``solaris``, the same graph with candidate sets):
+Prometheus exposition and a status line.
 
 :class:`JobMetrics` holds one job's metrics in its own registry (so two jobs, or
 tests, in one process never clash); :meth:`JobMetrics.serve` exposes them on
 ``--metrics-port`` (``/metrics``, Prometheus text format). Names, all labelled
-``pipeline`` (``stream`` or ``solaris``; not ``job``, which Prometheus sets itself):
+``pipeline`` (``stream``; not ``job``, which Prometheus sets itself):
 
 - ``gem_consumer_lag_messages{topic,partition}``, ``gem_consumer_lag_seconds{topic,partition}``:
   records not yet committed, and the age of the oldest of them;
@@ -12,11 +13,10 @@ tests, in one process never clash); :meth:`JobMetrics.serve` exposes them on
 - ``gem_step_seconds{step}`` histogram: flush, refresh, pairs (one batch of candidate sets);
 - ``gem_freshness_seconds{leg}`` histogram: event_to_history, event_to_user_rep,
   candidate_to_pair (candidate set's stage time to its pairs written);
-- ``gem_queue_depth{queue}``, ``gem_work_shed_total``, ``gem_deadline_dropped_total``,
+- ``gem_deadline_dropped_total``: candidate sets past their deadline, not computed;
   ``gem_pairs_total{outcome}``: every pair asked for, by what became of it: computed, fresh
   (compute saved), repeated, or not written in time because its set was ``late`` (past its
-  deadline) or ``shed`` (back-pressure). The share of the first three is the exact share
-  (deploy/prometheus/rules/gem.yml);
+  deadline). The share of the first three is the exact share (deploy/prometheus/rules/gem.yml);
 - ``gem_user_encodings_total{outcome}``: candidate sets' histories whose user-side encoding was
   reused (``hit``) or computed (``miss``); ``gem_encoding_tokens_saved_total``: history tokens
   not encoded again (:mod:`pipelines.model.encoding`);
@@ -38,7 +38,11 @@ from typing import TextIO
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, start_http_server
 
-__all__ = ["JobMetrics", "Rates", "StatusLine", "shared_metrics"]
+__all__ = ["PAIR_OUTCOMES", "JobMetrics", "Rates", "StatusLine", "shared_metrics"]
+
+#: What becomes of a pair asked for (``gem_pairs_total{outcome}``): in the store by its deadline (the
+#: first three: the exact share's numerator) or not, because its set passed its deadline (``late``).
+PAIR_OUTCOMES = ("computed", "fresh", "repeated", "late")
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
@@ -74,8 +78,6 @@ class JobMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.queue_depth = Gauge("gem_queue_depth", "items waiting", [*p, "queue"], registry=r)
-        self.shed = Counter("gem_work_shed", "work dropped by back-pressure (oldest first)", p, registry=r)
         self.deadline_dropped = Counter(
             "gem_deadline_dropped", "candidate sets past their deadline, not computed", p, registry=r
         )
@@ -87,14 +89,18 @@ class JobMetrics:
             "gem_encoding_tokens_saved", "history tokens whose encoding was reused", p, registry=r
         )
         self.state_users = Gauge("gem_state_users", "users whose history the job holds", p, registry=r)
-        for counter in (self.shed, self.deadline_dropped):  # a series from the start: rate() sees the first one
-            counter.labels(pipeline)
+        self.deadline_dropped.labels(pipeline)  # a series from the start: rate() sees the first one
         self._recent: dict[str, deque[float]] = {}
         self._lock = threading.Lock()
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:
         """Expose ``/metrics`` on ``addr:port`` (a daemon thread)."""
         start_http_server(port, addr=addr, registry=self.registry)
+
+    def expect_pairs(self) -> None:
+        """Every pair outcome's series from the start, so that rate() (the exact share) sees the first pairs."""
+        for outcome in PAIR_OUTCOMES:
+            self.pairs.labels(self.pipeline, outcome)
 
     # -- recording -------------------------------------------------------------------------
     def read(self, kind: str, n: int = 1) -> None:
@@ -118,9 +124,6 @@ class JobMetrics:
     def lag(self, topic: str, partition: int, messages: int, seconds: float) -> None:
         self.lag_messages.labels(self.pipeline, topic, str(partition)).set(messages)
         self.lag_seconds.labels(self.pipeline, topic, str(partition)).set(seconds)
-
-    def depth(self, queue: str, n: int) -> None:
-        self.queue_depth.labels(self.pipeline, queue).set(n)
 
     # -- reading (status line, tests) ------------------------------------------------------
     def p99(self, leg: str) -> float:

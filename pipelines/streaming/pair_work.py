@@ -1,13 +1,11 @@
-"""Pure parts of the candidates job: the bounded work queue, deadlines, and which pairs to compute.
+"""Pure parts of the candidate sets' path: deadlines, rank tiers, and which pairs to compute.
 
-No Kafka, model or store here: the job (:mod:`pipelines.streaming.candidates`) feeds
-these with what it read, and tests call them directly.
+No Kafka, model or store here: the stream graph's pairs step (:mod:`pipelines.streaming.pairs`)
+feeds these with what it read, and tests call them directly.
 """
 
 from __future__ import annotations
 
-import threading
-from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,7 +20,6 @@ __all__ = [
     "TIER_MIN_PAIRS",
     "CandidateWork",
     "Plan",
-    "WorkQueue",
     "plan_pairs",
     "rank_tiers",
     "split_by_deadline",
@@ -47,36 +44,7 @@ class CandidateWork:
     stage_ms: int
     needed_by_ms: int
     ad_ids: np.ndarray  # (A,) int64
-    received_s: float  # wall clock when the job read it
-
-
-class WorkQueue:
-    """A bounded FIFO of candidate sets: when full, :meth:`put` sheds the OLDEST (its deadline is the
-    nearest, so it is the least likely to be served in time) and returns what it shed."""
-
-    def __init__(self, capacity: int) -> None:
-        if capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {capacity}")
-        self.capacity = capacity
-        self._items: deque[CandidateWork] = deque()
-        self._ready = threading.Condition()
-
-    def put(self, items: list[CandidateWork]) -> list[CandidateWork]:
-        with self._ready:
-            self._items.extend(items)
-            shed = [self._items.popleft() for _ in range(max(0, len(self._items) - self.capacity))]
-            self._ready.notify()
-        return shed
-
-    def take(self, most: int, wait_s: float = 0.0) -> list[CandidateWork]:
-        """Up to ``most`` items, oldest first; waits up to ``wait_s`` for the first one."""
-        with self._ready:
-            if not self._items and wait_s > 0:
-                self._ready.wait(wait_s)
-            return [self._items.popleft() for _ in range(min(most, len(self._items)))]
-
-    def __len__(self) -> int:
-        return len(self._items)
+    received_s: float  # wall clock when the graph read it
 
 
 def split_by_deadline(

@@ -34,7 +34,7 @@ from pipelines.errors import ConfigError
 from pipelines.io.shards import split_by
 from pipelines.schemas.enums import FUNNEL_STAGE_CODE
 from pipelines.streaming.config import StreamConfig
-from pipelines.streaming.metrics import JobMetrics
+from pipelines.streaming.metrics import PAIR_OUTCOMES, JobMetrics
 from pipelines.streaming.pair_work import CandidateWork, plan_pairs, rank_tiers, split_by_deadline
 from pipelines.streaming.refresh import AckAfterInference
 from pipelines.streaming.state import OFFSET, PARTITION, offsets_by_partition
@@ -141,7 +141,7 @@ class PairCounts:
     tokens_saved: int = 0
 
     def record(self, metrics: JobMetrics) -> None:
-        for outcome in ("computed", "fresh", "repeated", "late"):
+        for outcome in PAIR_OUTCOMES:
             metrics.pairs.labels(metrics.pipeline, outcome).inc(getattr(self, outcome))
         metrics.user_encodings.labels(metrics.pipeline, "hit").inc(self.reused)
         metrics.user_encodings.labels(metrics.pipeline, "miss").inc(self.encoded)

@@ -17,7 +17,6 @@ from pipelines.cli.stream import stream_config
 from pipelines.errors import ConfigError
 from pipelines.features.pipeline import FeaturesConfig
 from pipelines.similarity.policy import ResolverConfig
-from pipelines.streaming.candidates import CandidatesConfig
 from pipelines.streaming.config import StreamConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,9 +85,13 @@ def test_a_stream_config_from_default_flags_equals_the_dataclass_defaults() -> N
 
 def test_solaris_and_lookup_defaults_equal_their_configs() -> None:
     solaris = _parse(
-        "solaris", "--topic", "t", "--group", "g", "--histories", "h", "--model", "m", "--store", "lmdb:///s"
-    )
-    assert solaris.pair_max_age == _defaults(CandidatesConfig)["pair_max_age_s"] == settings.PAIR_MAX_AGE.seconds
+        "solaris", "--topic", "t", "--candidates-topic", "c", "--group", "g", "--output", "o", "--model", "m",
+        "--store", "lmdb:///s",
+    )  # fmt: skip
+    built = stream_config(solaris, on_flink=False)
+    plain = StreamConfig(topic="t", output="o", group="g", model="m", store="lmdb:///s", candidates_topic="c")
+    assert dataclasses.replace(built, clock=plain.clock) == plain
+    assert solaris.pair_max_age == settings.PAIR_MAX_AGE.seconds
     from pipelines.cli.lookup import DEFAULT_FALLBACK_MAX_AGE_S, DEFAULT_MAX_AGE_S
 
     assert (DEFAULT_MAX_AGE_S, DEFAULT_FALLBACK_MAX_AGE_S) == (
@@ -135,8 +138,19 @@ def test_the_cli_refuses_a_negative_encoding_cache_naming_the_flag(
 ) -> None:
     argv = {
         "stream": ["stream", "--topic", "t", "--group", "g", "--output", str(tmp_path / "o"), "--model", "m"],
-        "solaris": ["solaris", "--topic", "t", "--group", "g", "--histories", str(tmp_path), "--model", "m"],
+        "solaris": [
+            "solaris",
+            "--topic",
+            "t",
+            "--candidates-topic",
+            "c",
+            "--group",
+            "g",
+            "--output",
+            str(tmp_path / "o"),
+        ],
     }[command]
+    argv += ["--model", "m"] if command == "solaris" else []
     assert main([*argv, "--store", f"lmdb://{tmp_path}/s", "--encoding-cache", "-1"]) == 2
     high = settings.ENCODING_CACHE.high
     assert capsys.readouterr().err.strip().endswith(f"--encoding-cache: got -1. Fix: pass a number in 0..{high}")

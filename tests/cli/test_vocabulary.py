@@ -46,7 +46,7 @@ SHARED = {
         "--metrics-port",
     ],
     "produce": ["--num-partitions", "--no-progress"],
-    "solaris": ["--model", "--device", "{auto,cpu,cuda}", "--pair-max-age", "DURATION", "--metrics-port"],
+    "solaris": ["--candidates-topic", "--model", "--device", "{auto,cpu,cuda}", "--pair-max-age", "DURATION"],
     "inspect": ["PATH"],
     "transfer": ["--features", "--model", "--output", "--overwrite", "--device", "--cadence", "DURATION", "--runner"],
 }

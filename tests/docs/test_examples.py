@@ -48,7 +48,7 @@ CHAINS: dict[str, list[str]] = {
         "operations/dataflow.md",
     ],
 }
-_KAFKA_NAME = re.compile(r"(--(?:to-topic|dead-letter-topic|topic|group))(\s+)([\w.-]+)")
+_KAFKA_NAME = re.compile(r"(--(?:to-topic|dead-letter-topic|candidates-topic|topic|group))(\s+)([\w.-]+)")
 _BLOCK = re.compile(r"^" + re.escape(MARKER) + r"\n```bash[^\n]*\n(.*?)\n```", re.S | re.M)
 
 
@@ -99,6 +99,9 @@ def test_kafka_names_get_the_suffix() -> None:
         "python -m pipelines replay --topic events-x --to-topic histories-x --group g1-x --output out/r"
     )
     assert topics_of("produce --topic a --num-partitions 2\nreplay --topic a --to-topic b") == {"a": 2, "b": 4}
+    assert with_unique_kafka_names("solaris --topic e --candidates-topic c", "x") == (
+        "solaris --topic e-x --candidates-topic c-x"
+    )
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
-"""A real Prometheus scrapes a running `stream` and `solaris`: the consumer lag and Solaris' exact share
-come back through its HTTP API, and the JobDown alert fires once the jobs have stopped."""
+"""A real Prometheus scrapes a running `stream` and `solaris` (the same graph, with candidate sets): the
+consumer lag and Solaris' exact share come back through its HTTP API, and the JobDown alert fires once
+the jobs have stopped."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pipelines.io.kafka.config import KafkaConnection
 from tests.fixtures.kafka import BOOTSTRAP, MakeTopic, produce
 from tests.monitoring.prom import ROOT, Prometheus, running_prometheus
 from tests.precompute.conftest import World
-from tests.streaming.test_candidates_job import _funnel_sets, _retimed, _send
+from tests.streaming.streams import retimed, send_events, send_sets, world_funnel
 from tests.streaming.test_metrics import _free_port, wait_for
 
 pytestmark = pytest.mark.integration
@@ -45,12 +46,15 @@ def _stream(kafka: KafkaConnection, make_topic: MakeTopic, prism: str, port: int
     return _start(command, tmp_path / "stream.log"), events.num_rows
 
 
-def _solaris(make_topic: MakeTopic, world: World, port: int, tmp_path: Path):
-    topic = make_topic(partitions=2)
+def _solaris(kafka: KafkaConnection, make_topic: MakeTopic, world: World, prism: str, port: int, tmp_path: Path):
+    """``solaris`` (the stream graph with candidate sets) on the world's events; runs until stopped."""
+    events, topic = make_topic(partitions=2), make_topic(partitions=2)
+    send_events(kafka, events, world.events)
     command = [
-        "solaris", "--topic", topic, "--group", f"g-{uuid.uuid4().hex[:8]}", "--histories", str(world.features),
-        "--model", str(world.model), "--store", f"lmdb://{tmp_path}/store", "--metrics-port", str(port),
-        "--bootstrap-servers", BOOTSTRAP,
+        "solaris", "--topic", events, "--candidates-topic", topic, "--group", f"g-{uuid.uuid4().hex[:8]}",
+        "--output", str(tmp_path / "solaris"), "--num-shards", "2", "--model", str(world.model),
+        "--store", f"lmdb://{tmp_path}/store", "--metrics-port", str(port), "--bootstrap-servers", BOOTSTRAP,
+        "--prism-location", prism,
     ]  # fmt: skip
     return _start(command, tmp_path / "solaris.log"), topic
 
@@ -76,15 +80,15 @@ def test_prometheus_scrapes_the_jobs_and_alerts_when_they_stop(
     stream_port, solaris_port = _free_port(), _free_port()
     targets = {"stream": [f"127.0.0.1:{stream_port}"], "solaris": [f"127.0.0.1:{solaris_port}"]}
     with running_prometheus(tmp_path / "prometheus", targets) as prometheus:
-        solaris, topic = _solaris(make_topic, world, solaris_port, tmp_path)
+        solaris, topic = _solaris(kafka, make_topic, world, prism, solaris_port, tmp_path)
         stream, events = _stream(kafka, make_topic, prism, stream_port, tmp_path)
         try:
             # Solaris' pair outcomes are scraped at 0 before any set is sent, so the rates start from 0.
-            wait_for(lambda: len(prometheus.query('gem_pairs_total{job="solaris"}')) == 5, 180, "solaris scraped")
-            early = stage_rows(_funnel_sets(LIVE_SETS + LATE_SETS), "early")
-            live, late = _retimed(early.slice(0, LIVE_SETS), 3_600), _retimed(early.slice(LIVE_SETS), -60)
-            _send(kafka, topic, live)
-            _send(kafka, topic, late)
+            wait_for(lambda: len(prometheus.query('gem_pairs_total{job="solaris"}')) == 4, 180, "solaris scraped")
+            early = stage_rows(world_funnel(LIVE_SETS + LATE_SETS), "early")
+            live, late = retimed(early.slice(0, LIVE_SETS), 3_600), retimed(early.slice(LIVE_SETS), -60)
+            send_sets(kafka, topic, live)
+            send_sets(kafka, topic, late)
             pairs = [len(a) for a in early["ad_ids"].to_pylist()]
             expected_share = sum(pairs[:LIVE_SETS]) / sum(pairs)
 

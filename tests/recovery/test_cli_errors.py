@@ -67,7 +67,8 @@ def test_train_positive_share_2(tmp_path: Path, capsys: pytest.CaptureFixture[st
     record("train --positive-share 2", short(err))
 
 
-SOLARIS = ["solaris", "--topic", "t", "--group", "g", "--histories", "h", "--model", "m", "--store", "lmdb:///s"]
+SOLARIS = ["solaris", "--topic", "t", "--candidates-topic", "c", "--group", "g", "--output", "o", "--model", "m"]
+SOLARIS += ["--store", "lmdb:///s"]
 STREAM = ["stream", "--topic", "t", "--group", "g", "--output", "o"]
 
 
@@ -85,8 +86,7 @@ def test_metrics_port_in_use(
 ) -> None:
     """Refused before any input is read or any store opened (the store's folder is never created)."""
     argv = [a.replace("lmdb:///s", f"lmdb://{tmp_path}/store") for a in command]
-    if command is STREAM:
-        argv[-1] = str(tmp_path / "out")  # its --output
+    argv[argv.index("--output") + 1] = str(tmp_path / "out")
     err = refused([*argv, "--metrics-port", str(busy_port)], capsys)
     assert f"port {busy_port} is in use" in err and not (tmp_path / "store").exists()
     record(f"{command[0]} --metrics-port (in use)", short(err))
@@ -137,21 +137,24 @@ def test_a_wrong_sasl_password_is_an_auth_failure(
     argv = {
         "produce": ["produce", "--input", str(world.events), "--topic", "unused"],
         "replay": ["replay", "--topic", "unused", "--output", str(tmp_path / "o")],
-        "solaris": [*SOLARIS[:5], "--histories", str(world.features), "--model", str(world.model)],
+        "solaris": _solaris(world, tmp_path),
     }[command]
-    if command == "solaris":
-        argv += ["--store", f"lmdb://{tmp_path}/store"]
     sasl = ["--security-protocol", "SASL_PLAINTEXT", "--sasl-mechanism", "PLAIN", "--sasl-username", SASL_USER]
     err = refused([*argv, "--bootstrap-servers", kafka_sasl.bootstrap, *sasl], capsys)
     assert "authentication failed" in err and "cannot reach" not in err and "not-the-password" not in err
     record(f"{command} with a wrong SASL password", short(err))
 
 
+def _solaris(world: World, tmp_path: Path) -> list[str]:
+    """``solaris`` with every input real but the broker's."""
+    argv = [*SOLARIS[:7], "--output", str(tmp_path / "o"), "--model", str(world.model)]
+    return [*argv, "--store", f"lmdb://{tmp_path}/store"]
+
+
 @pytest.mark.integration
 def test_solaris_with_no_broker_names_it(world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = [*SOLARIS[:5], "--histories", str(world.features), "--model", str(world.model)]
     server = f"127.0.0.1:{_closed_port()}"
-    err = refused([*argv, "--store", f"lmdb://{tmp_path}/store", "--bootstrap-servers", server], capsys)
+    err = refused([*_solaris(world, tmp_path), "--bootstrap-servers", server], capsys)
     assert f"cannot reach Kafka at {server}" in err and "make kafka-up" in err
     record("solaris with no broker", short(err))
 

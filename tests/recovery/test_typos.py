@@ -14,14 +14,15 @@ from tests.recovery.crash import record, refused, short
 pytestmark = pytest.mark.integration
 
 
-def test_solaris_with_a_missing_histories_folder_stops_before_the_store(
+def test_solaris_with_a_missing_model_stops_before_the_store(
     world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     store = tmp_path / "store"
-    argv = ["solaris", "--topic", "unused", "--group", "unused", "--histories", str(tmp_path / "nope")]
-    err = refused([*argv, "--model", str(world.model), "--store", f"lmdb://{store}"], capsys)
-    assert "--histories" in err and not store.exists()
-    record("solaris --histories /nope", short(err))
+    argv = ["solaris", "--topic", "unused", "--candidates-topic", "unused-sets", "--group", "unused"]
+    argv += ["--output", str(tmp_path / "o"), "--model", str(tmp_path / "nope")]
+    err = refused([*argv, "--store", f"lmdb://{store}"], capsys)
+    assert "--model" in err and not store.exists()
+    record("solaris --model /nope", short(err))
 
 
 def test_lookup_never_creates_the_store_it_reads(

@@ -73,12 +73,15 @@ def keyed(lines: list[bytes]) -> list[bytes | None]:
     return [_key_of(v) for v in lines]
 
 
-def stream_cmd(topic: str, group: str, output: Path, *extra: str, bootstrap: str = BOOTSTRAP) -> list[str]:
+def stream_cmd(
+    topic: str, group: str, output: Path, *extra: str, bootstrap: str = BOOTSTRAP, command: str = "stream"
+) -> list[str]:
+    """``stream`` (or ``solaris``, its thin entry with candidate sets) with the tests' shards and flush interval."""
     return [
         sys.executable,
         "-m",
         "pipelines",
-        "stream",
+        command,
         "--topic",
         topic,
         "--group",
@@ -165,3 +168,45 @@ def wait_for_a_commit(
         assert job.poll() is None, log.read_text()[-3000:]
         assert time.monotonic() < deadline, "the job committed nothing in time"
         time.sleep(0.2)
+
+
+# -- candidate sets of the precompute tests' `world` (tests.precompute.conftest) -------------------------------
+
+
+def world_funnel(requests: int, *, seed: int = 5, sizes: tuple[int, ...] = (120, 30, 8, 2)) -> pa.Table:
+    """A ranking funnel of ``requests`` over the `world` fixture's world (same flags: same events), with
+    ``sizes`` ads per stage (early first)."""
+    from pipelines.generator import WorldConfig, generate_events, rngs
+    from pipelines.generator.funnel import FunnelConfig, generate_funnel
+
+    generated = generate_events(WorldConfig(users=300, days=5, seed=seed))
+    funnel = FunnelConfig(sizes=sizes)
+    return generate_funnel(generated.world, generated.events, requests, rngs(seed)["funnel"], funnel)
+
+
+def retimed(sets: pa.Table, needed_in_s: float) -> pa.Table:
+    """``sets`` asked for now, each needed ``needed_in_s`` from now (negative: already late)."""
+    now = int(time.time() * 1000)
+    stamp = pa.timestamp("ms", tz="UTC")
+    sets = sets.set_column(
+        sets.schema.get_field_index("stage_time"), "stage_time", pa.array([now] * sets.num_rows).cast(stamp)
+    )
+    needed = pa.array([now + int(needed_in_s * 1000)] * sets.num_rows).cast(stamp)
+    return sets.set_column(sets.schema.get_field_index("needed_by"), "needed_by", needed)
+
+
+def send_sets(kafka: KafkaConnection, topic: str, sets: pa.Table) -> None:
+    """``sets`` to ``topic`` as CANDIDATE_SET JSON, key = user_id."""
+    from pipelines.io.kafka.candidate_sets import candidate_sets_to_wire
+
+    messages = candidate_sets_to_wire(sets)
+    produce(kafka, topic, [v for _, v in messages], keys=[k for k, _ in messages])
+
+
+def send_events(kafka: KafkaConnection, topic: str, events: Path) -> int:
+    """The events Parquet file ``events`` to ``topic`` as JSON, key = user_id; returns how many."""
+    from pipelines.io.kafka.encode import events_to_wire
+
+    table = pq.read_table(events)
+    produce(kafka, topic, events_to_wire(table), keys=[str(u).encode() for u in table["user_id"].to_pylist()])
+    return table.num_rows

@@ -1,4 +1,4 @@
-"""The candidates job's view of histories: follows a stream's flush files, reads a features snapshot once."""
+"""The benches' view of histories: follows a stream's flush files, reads a features snapshot once."""
 
 from __future__ import annotations
 

@@ -46,3 +46,41 @@ def test_a_broker_away_is_no_quiet_topic() -> None:
     assert not reader._idle(0, 10)  # ... and the quiet spell starts again once it is back
     time.sleep(0.1)
     assert reader._idle(0, 10)
+
+
+def test_sigterm_drains_on_prism_and_a_second_one_cancels() -> None:
+    """The first SIGTERM ends every read (the graph drains); the second cancels, and the block ends quietly."""
+    import os
+    import signal
+
+    from pipelines.streaming.drive import stopping_on_sigterm
+    from pipelines.streaming.job import DRAIN
+
+    DRAIN.clear()
+    previous, reached = signal.getsignal(signal.SIGTERM), list[object]()
+    try:
+        with stopping_on_sigterm(drain=True):
+            os.kill(os.getpid(), signal.SIGTERM)
+            reached.append(DRAIN.is_set())
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)  # the handler raises at the next bytecode: never reached
+            reached.append("after the second")
+    finally:
+        DRAIN.clear()
+    assert reached == [True]
+    assert signal.getsignal(signal.SIGTERM) == previous  # the previous handler is back
+
+
+def test_sigterm_on_flink_cancels_at_once() -> None:
+    import os
+    import signal
+
+    from pipelines.streaming.drive import stopping_on_sigterm
+    from pipelines.streaming.job import DRAIN
+
+    previous = signal.getsignal(signal.SIGTERM)
+    with stopping_on_sigterm(drain=False):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1)
+        pytest.fail("not cancelled")
+    assert not DRAIN.is_set() and signal.getsignal(signal.SIGTERM) == previous

@@ -5,7 +5,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 import uuid
@@ -17,11 +16,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pipelines.generator.funnel import stage_rows
 from pipelines.io.kafka.config import KafkaConnection
-from pipelines.streaming.candidates import CandidatesConfig, CandidatesJob
 from pipelines.streaming.metrics import JobMetrics, StatusLine
 from tests.fixtures.kafka import BOOTSTRAP, MakeTopic
 from tests.precompute.conftest import World
-from tests.streaming.test_candidates_job import _funnel_sets, _retimed, _send
+from tests.streaming.streams import retimed, send_events, send_sets, world_funnel
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -68,7 +66,6 @@ def test_status_line_renders_on_demand() -> None:
 
 
 def test_status_lines_read_the_metrics() -> None:
-    from pipelines.cli.solaris import _status
     from pipelines.streaming.lag import stream_status
     from pipelines.streaming.metrics import Rates
 
@@ -79,51 +76,53 @@ def test_status_lines_read_the_metrics() -> None:
     stream.fresh("event_to_history", [0.5, 1.5])
     line = stream_status(stream, rates, {0: (120, 2.5), 1: (30, 0.5)}, 2.0)
     assert line.startswith("stream: 250 events/s, lag 150 msgs (2.5 s), p99 event->history 1.49 s"), line
-    solaris = JobMetrics("solaris")
-    solaris.read("candidate_sets", 10)
-    assert "sets/s" in _status(solaris, Rates(solaris), 1.0)
+    stream_status(stream, rates, {}, 1.0, pairs=True)  # the sets' counters' baseline
+    stream.read("candidate_sets", 10)
+    stream.fresh("candidate_to_pair", [0.1, 0.2])
+    line = stream_status(stream, rates, {}, 2.0, pairs=True)
+    assert line.startswith("stream: 0 events/s, 5.0 sets/s, 0 pairs/s, p99 set->pair 0.20 s, late sets 0,"), line
 
 
 @pytest.mark.integration
 def test_solaris_endpoint_during_a_run(
-    kafka: KafkaConnection, make_topic: MakeTopic, world: World, tmp_path: Path
+    kafka: KafkaConnection, make_topic: MakeTopic, world: World, prism: str, tmp_path: Path
 ) -> None:
+    """``solaris`` (the stream graph with candidate sets, on Prism) serves the sets' pair outcomes."""
     from tests.fixtures.kafka import produce
 
-    sets = _retimed(stage_rows(_funnel_sets(12), "early"), 3_600)
-    topic, port = make_topic(partitions=2), _free_port()
-    metrics = JobMetrics("solaris")
-    metrics.serve(port)
-    config = CandidatesConfig(
-        topic=topic,
-        group=f"g-{uuid.uuid4().hex[:8]}",
-        histories=str(world.features),
-        model=str(world.model),
-        store=f"lmdb://{tmp_path}/store",
-    )
-    job = CandidatesJob(kafka, config, metrics)
-    runner = threading.Thread(target=job.run, daemon=True)
-    runner.start()
+    sets = retimed(stage_rows(world_funnel(12), "early"), 3_600)
+    events, topic, port = make_topic(partitions=2), make_topic(partitions=2), _free_port()
+    send_events(kafka, events, world.events)
+    command = [
+        sys.executable, "-m", "pipelines", "solaris", "--topic", events, "--candidates-topic", topic,
+        "--group", f"g-{uuid.uuid4().hex[:8]}", "--output", str(tmp_path / "out"), "--num-shards", "2",
+        "--model", str(world.model), "--store", f"lmdb://{tmp_path}/store", "--idle-exit", "20",
+        "--metrics-port", str(port), "--bootstrap-servers", BOOTSTRAP, "--prism-location", prism,
+    ]  # fmt: skip
+    job = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "log", "wb"))
     try:
-        _send(kafka, topic, sets)
+        send_sets(kafka, topic, sets)
         produce(kafka, topic, [b"not json"])
 
         def settled() -> dict | None:
-            got = scrape(port)
-            read = total(got, "gem_records_total", kind="candidate_sets") == sets.num_rows + 1
-            lag = [v for (n, _), v in got.items() if n == "gem_consumer_lag_messages"]
+            try:
+                got = scrape(port)
+            except OSError:
+                return None
+            read = total(got, "gem_records_total", kind="candidate_sets") == sets.num_rows  # the bad one: a dead letter
+            lag = [v for (n, ls), v in got.items() if n == "gem_consumer_lag_messages" and ("topic", topic) in ls]
             return got if read and len(lag) == 2 and sum(lag) == 0 else None
 
-        got = wait_for(settled, 120, "all sets read and the lag back to 0")
-        assert total(got, "gem_consumer_lag_seconds") == 0
+        got = wait_for(settled, 240, "all sets read and the lag back to 0")
         assert total(got, "gem_dead_letters_total", reason="bad_json") == 1
         assert total(got, "gem_pairs_total") == sum(len(a) for a in sets["ad_ids"].to_pylist())
+        assert total(got, "gem_pairs_total", outcome="late") == 0
         assert total(got, "gem_freshness_seconds_count", leg="candidate_to_pair") == sets.num_rows
         assert total(got, "gem_step_seconds_count", step="pairs") > 0
         assert total(got, "process_resident_memory_bytes") > 0
     finally:
-        job.stop()
-        runner.join(timeout=30)
+        job.wait(timeout=180)
+    assert job.returncode == 0, (tmp_path / "log").read_text()[-3000:]
 
 
 @pytest.mark.integration

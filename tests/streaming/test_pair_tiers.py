@@ -13,7 +13,7 @@ from pipelines.schemas.layouts import CANDIDATES
 from pipelines.store import open_store
 from pipelines.streaming.pair_work import CandidateWork, rank_tiers
 from pipelines.streaming.pairs import write_pairs
-from tests.streaming.test_candidates_job import _reps
+from tests.streaming.test_pair_work import _reps
 
 
 def _requests(ads: list[list[int]]) -> pa.Table:

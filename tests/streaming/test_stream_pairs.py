@@ -1,7 +1,8 @@
-"""Candidate sets inside the stream graph (``stream --candidates-topic``): they meet their user's keyed
-state, their pairs go to the store equal to batch ``precompute`` on the same histories, late sets are
-dropped and counted, other stages and unreadable sets are acknowledged (the latter as dead letters),
-and the offsets of both topics are committed. Real broker, Prism; the pure parts without either."""
+"""Candidate sets inside the stream graph (``stream --candidates-topic``, or ``solaris``, its thin entry):
+they meet their user's keyed state, their pairs go to the store equal to batch ``precompute`` on the same
+histories, late sets are dropped and counted, other stages and unreadable sets are acknowledged (the
+latter as dead letters), the offsets of both topics are committed, and pairs fresh in the store are not
+computed again. Real broker, Prism; the pure parts without either."""
 
 from __future__ import annotations
 
@@ -197,13 +198,13 @@ def test_candidate_sets_meet_the_users_state_and_their_pairs_equal_batch_precomp
     sent = send_sets(kafka, sets_topic, live, late, other, bad=[b"{not json"])
     catalog = write_catalog(histories, tmp_path / "catalog.parquet")
     extra = ["--idle-exit", "3", "--model", str(model), "--store", store, "--ad-catalog", str(catalog)]
-    second = subprocess.run(
-        stream_cmd(topic, group, out, "--candidates-topic", sets_topic, *extra),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert second.returncode == 0, second.stderr[-3000:]
+
+    def solaris(candidates: str) -> None:
+        cmd = stream_cmd(topic, group, out, "--candidates-topic", candidates, *extra, command="solaris")
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    solaris(sets_topic)
 
     assert sum(c or 0 for c in committed(kafka, sets_topic, group, 2)) == sent  # every set, each acknowledged
     assert sum(c or 0 for c in committed(kafka, topic, group, 2)) == len(lines)
@@ -213,3 +214,19 @@ def test_candidate_sets_meet_the_users_state_and_their_pairs_equal_batch_precomp
     dead = pa.concat_tables(pq.read_table(p) for p in sorted((out / "dead_letters").glob("*.parquet")))
     dead = dead.filter(pa.compute.equal(dead.column("stage"), "candidates"))
     assert dead["reason"].to_pylist() == ["bad_json"] and dead["payload"].to_pylist() == [b"{not json"]
+
+    # the same sets once more (a new topic): every pair is fresh in the store, so none is written again
+    before = computed_at(store, live)
+    again_topic = make_topic(1)
+    send_sets(kafka, again_topic, live)
+    solaris(again_topic)
+    assert committed(kafka, again_topic, group, 1) == [live.num_rows]
+    np.testing.assert_array_equal(computed_at(store, live), before)
+
+
+def computed_at(store_uri: str, sets: pa.Table) -> np.ndarray:
+    """Each pair's ``computed_at`` (ms) in the store, in the order of ``pair_keys_of(sets)``."""
+    with open_store(store_uri) as store:
+        got = store.read_batch(pair_keys_of(sets))
+    assert got.found.all()
+    return got.computed_at_ms
