@@ -7,7 +7,7 @@ overhead at most 20%). (2) In the plain loop, batches formed by a token budget
 against batches of a fixed request count sized so the worst batch fits the same
 token budget (the memory bound a fixed count must respect on a skewed length mix);
 target ≥ 1.5. (3) The streaming refresh's inference (:class:`Refresher`: a flush of
-users with their recent candidate sets, and one candidate set of the candidates job):
+users with their recent candidate sets, and one candidate set as Solaris computes it):
 achieved FLOP/s (torch's counter) against this machine's fp32 matmul peak, with target
 attention run once per shared history (the default) and on each row's copy of it (the
 reference path), alternated; printed, no RESULT line.
@@ -110,7 +110,7 @@ def loop(model: GemModel, groups: list[list[GemBatch]]) -> int:
 
 def refresh_workloads(root: Path, refresher: Refresher) -> dict[str, Callable[[], pa.Table]]:
     """The refresh process's two calls: a flush of users (user rows and their latest candidate
-    sets' pairs) and the candidates job's one candidate set (the request closest to 200 ads)."""
+    sets' pairs) and Solaris' one candidate set (the request closest to 200 ads)."""
     histories = ds.dataset(root / "features" / "histories", format="parquet", partitioning="hive").to_table()
     candidates = pq.read_table(root / "candidates.parquet")
     flush = histories.slice(0, FLUSH_USERS)

@@ -1,9 +1,10 @@
 """Solaris in real time: when the late ranking stage asks for its ads' pair representations, are they there?
 
-Replays a generated ranking funnel (``generate --funnel``) against the candidates job
-(``python -m pipelines solaris``: a subprocess, an untrained model of the default
-GemConfig, seeded: inference costs the same whatever the weights; the world's features
-snapshot as histories; an LMDB store): at each rate of RATES requests/s it sends each
+Replays a generated ranking funnel (``generate --funnel``) against ``python -m pipelines solaris``
+(the stream graph with candidate sets, :mod:`bench.solaris_stream`: a subprocess, an untrained
+model of the default GemConfig, seeded: inference costs the same whatever the weights; its keyed
+state seeded by streaming the world's events first; an LMDB store), on Prism and then on a Flink
+cluster of the bench's own at parallelism 2: at each rate of RATES requests/s it sends each
 request's early-stage candidate set (~200 ads) to the candidates topic at its turn,
 with ``needed_by`` = now + the request's own early -> late gap from the generator
 (lognormal, median 150 ms); when that moment comes it resolves the request's
@@ -16,19 +17,18 @@ Per rate it prints: candidate set sent -> its pairs visible in the store, p50/p9
 watcher reads one late-stage pair of every pending set every POLL_S; the job writes a
 batch's pairs in one store write), the share of late-stage ads served exactly, the
 fallback mix of the rest, and the compute the job saved by skipping pairs already fresh
-in the store (the job's closing line). The baseline is the resolver alone on the same
+in the store (the job's metrics, on Prism). The baseline is the resolver alone on the same
 store without the job (every ad then takes a fallback): printed as ``exact share
 without the job``.
 
-``RESULT solaris-exact ratio=<exact share at the highest rate where it is >= 0.95>/0.95``
-(the lowest rate's share when none holds), target 1. QUICK: rates 5 and 20 for 15 s.
-SOLARIS_RATES=5,20,50 and SOLARIS_SECONDS override.
+``RESULT solaris-exact-stream ratio=<exact share at the highest rate where it is >= 0.95>/0.95``
+on Prism and ``RESULT solaris-exact-flink`` on Flink (``SKIP`` where its parts are missing); the
+lowest rate's share when none holds; target 1. QUICK: rates 5 and 20 for 15 s.
+SOLARIS_RATES=5,20,50, SOLARIS_SECONDS and SOLARIS_RUNNERS=prism,flink override.
 
-``SOLARIS_JOB=stream`` sends the same sets through the stream graph instead
-(``stream --candidates-topic``, :mod:`bench.solaris_stream`): its keyed state seeded by
-streaming the world's events first, then every rate on Prism (``RESULT solaris-exact-stream``)
-and on a Flink cluster of the bench's own at parallelism 2 (``RESULT solaris-exact-flink``;
-``SKIP`` where its parts are missing). No events flow while the sets do.
+While the sets flow, the stream's own events flow into the same graph at SOLARIS_EVENTS events/s
+(default 2,000; 0: none): fresh events for the world's users (:class:`bench.solaris_stream.EventFlow`),
+so the histories the sets meet change under them, and the graph flushes and refreshes them too.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 from bench.common import QUICK, WORK, generate, kafka_connection, result, untrained_model  # noqa: E402
-from bench.solaris_stream import CandidatesJobRunner, JobRunner  # noqa: E402
+from bench.solaris_stream import EventFlow, JobRunner  # noqa: E402
 
 if TYPE_CHECKING:
     from pipelines.io.kafka.produce import KafkaSink
@@ -69,14 +69,15 @@ POLL_S = 0.02
 RATES = [int(r) for r in os.environ.get("SOLARIS_RATES", "5,20" if QUICK else "5,20,50").split(",")]
 SECONDS = float(os.environ.get("SOLARIS_SECONDS", 15 if QUICK else 60))
 USERS, DAYS = (1_000, 7) if QUICK else (3_000, 7)
-BATCH = os.environ.get("SOLARIS_BATCH", "1")  # candidate sets per job batch (the job's --batch-requests)
-#: "candidates" (the separate job, default) or "stream" (the sets through the stream graph, Prism then Flink)
-JOB = os.environ.get("SOLARIS_JOB", "candidates")
-#: With SOLARIS_JOB=stream: the runners (prism, flink), and the Flink cluster's settings (FLINK_* of
-#: scripts/flink.sh, e.g. SOLARIS_FLINK_ENV="FLINK_SLOTS=2") and more Beam flags of its job.
+#: The runners (prism, flink), and the Flink cluster's settings (FLINK_* of scripts/flink.sh, e.g.
+#: SOLARIS_FLINK_ENV="FLINK_SLOTS=2") and more Beam flags of its job.
 RUNNERS = os.environ.get("SOLARIS_RUNNERS", "prism,flink").split(",")
+#: events/s of the stream's own flow into the same graph while the sets flow (0: none)
+EVENTS = int(os.environ.get("SOLARIS_EVENTS", 2_000))
 FLINK_ENV = dict(kv.split("=", 1) for kv in os.environ.get("SOLARIS_FLINK_ENV", "").split())
 FLINK_FLAGS = os.environ.get("SOLARIS_FLINK_FLAGS", "").split()
+#: more flags of the job on both runners (e.g. SOLARIS_JOB_FLAGS="--flush-interval 5s")
+JOB_FLAGS = os.environ.get("SOLARIS_JOB_FLAGS", "").split()
 PATH_NAMES = ("exact", "same_user_pair", "same_user", "similar_users", "none")
 
 
@@ -89,6 +90,7 @@ class Run:
     paths: np.ndarray = field(default_factory=lambda: np.zeros(len(PATH_NAMES), np.int64))
     exact_age_s: list[float] = field(default_factory=list)
     job_line: str = ""
+    flow_line: str = ""
 
     @property
     def exact_share(self) -> float:
@@ -111,15 +113,12 @@ def main() -> None:
             stdout=subprocess.DEVNULL,
         )
     model = untrained_model(root / "model")
-    world = _World.load(funnel_path, features, model)
+    world = _World.load(funnel_path, features, model, events)
     baseline = _baseline_exact(world, root)
-    if JOB == "stream":
-        _stream_graph(world, root, events, baseline)
-        return
-    _result("solaris-exact", world, _rates(world, root), baseline, "the candidates job")
+    _stream_graph(world, root, events, baseline)
 
 
-def _rates(world: _World, root: Path, runner: JobRunner | None = None) -> list[Run]:
+def _rates(world: _World, root: Path, runner: JobRunner) -> list[Run]:
     """Every rate of RATES, each on its own slice of the funnel's requests."""
     runs, offset = [], 0
     for rate in RATES:
@@ -144,12 +143,13 @@ def _result(name: str, world: _World, runs: list[Run], baseline: float, job: str
 
 
 def _stream_graph(world: _World, root: Path, events: Path, baseline: float) -> None:
-    """The same sets through ``stream --candidates-topic``: on Prism, then on Flink at parallelism 2."""
+    """The sets through ``solaris`` (the stream graph): on Prism, then on Flink at parallelism 2."""
     from bench.flink_parts import own_flink, own_flink_missing
     from bench.solaris_stream import seed_stream
 
     print(f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
     graph = seed_stream(events, world.features, world.model, root, kafka_connection().bootstrap)
+    graph.flags = JOB_FLAGS
     if "prism" in RUNNERS:
         _result("solaris-exact-stream", world, _rates(world, root, graph), baseline, graph.name)
     missing = own_flink_missing()
@@ -157,7 +157,7 @@ def _stream_graph(world: _World, root: Path, events: Path, baseline: float) -> N
         print(f"SKIP solaris-exact-flink {missing or 'not in SOLARIS_RUNNERS'}", flush=True)
         return
     with own_flink(root / f"flink-{uuid.uuid4().hex[:8]}", slots=1, **FLINK_ENV) as cluster:
-        graph.cluster, graph.flags = cluster, FLINK_FLAGS
+        graph.cluster, graph.flags = cluster, JOB_FLAGS + FLINK_FLAGS
         runs = _rates(world, root, graph)
     _result("solaris-exact-flink", world, runs, baseline, graph.name)
     print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
@@ -173,9 +173,10 @@ class _World:
     user_reps: pa.Table
     index: UserIndex
     early_size: int
+    events: Path  # the world's events Parquet (the shapes of the events flowing during a run)
 
     @classmethod
-    def load(cls, funnel_path: Path, features: Path, model: Path) -> _World:
+    def load(cls, funnel_path: Path, features: Path, model: Path, events: Path) -> _World:
         from pipelines.generator.funnel import stage_rows
         from pipelines.io.parquet import read_table
         from pipelines.model.checkpoint import load_model
@@ -204,7 +205,7 @@ class _World:
         )
         index = UserIndex.from_built(build_index(vectors, BuildSpec(gpu="off")))
         size = int(np.median([len(a) for a in early["ad_ids"].to_pylist()[:100]]))
-        return cls(early, late, gaps, features, model, reps, index, size)
+        return cls(early, late, gaps, features, model, reps, index, size, events)
 
 
 def _store(world: _World, folder: Path) -> str:
@@ -272,7 +273,7 @@ class _Watcher(threading.Thread):
                         self.pending.pop(request, None)
 
 
-def measure(world: _World, root: Path, rate: int, first: int, count: int, runner: JobRunner | None = None) -> Run:
+def measure(world: _World, root: Path, rate: int, first: int, count: int, runner: JobRunner) -> Run:
     from pipelines.io.kafka.candidate_sets import candidate_sets_to_wire
     from pipelines.io.kafka.produce import KafkaSink, delete_topics, ensure_topic
 
@@ -282,18 +283,20 @@ def measure(world: _World, root: Path, rate: int, first: int, count: int, runner
     ensure_topic(connection, topic, 2)
     uri = _store(world, root)
     log = open(root / f"{topic}.log", "wb")
-    runner = runner or CandidatesJobRunner(world.features, world.model, BATCH)
     job = runner.start(topic, uri, bootstrap, log)
     sink = KafkaSink(connection, topic, linger_ms=0)
     run, watcher, resolver = Run(rate), _Watcher(uri), _resolver(world, uri)
+    flow = EventFlow(world.events, EVENTS)
     try:
         _warm_up(world, sink, watcher, job, candidate_sets_to_wire)
+        flow.start(runner.events_topic, bootstrap, count / rate + 5, root)
         watcher.start()
         _replay(world, run, sink, watcher, resolver, first, count, candidate_sets_to_wire)
         time.sleep(1.0)
     finally:
         watcher.stop.set()
         sink.close()
+        run.flow_line = flow.stop(bootstrap)
         run.job_line = runner.stop(job)
         resolver.store.close()
         watcher.store.close()
@@ -328,7 +331,7 @@ def _warm_up(world: _World, sink: KafkaSink, watcher: _Watcher, job: subprocess.
     deadline = time.time() + 300
     while not watcher.store.read_arrays(users, ads, np.ones(len(rows), bool)).found.all():
         if job.poll() is not None or time.time() > deadline:
-            sys.exit("the candidates job did not start (see its log under out/bench/solaris)")
+            sys.exit("the solaris job did not start (see its log under out/bench/solaris)")
         time.sleep(0.1)
 
 
@@ -381,7 +384,7 @@ def _report(run: Run) -> None:
         f"rate {run.rate} req/s, {run.sent} requests: set sent -> pair visible p50 {p50:.0f} ms p99 {p99:.0f} ms "
         f"({run.never_visible} never); late-stage ads: {mix}; exact age p50 "
         f"{float(np.median(ages)) * 1000 if len(ages) else float('nan'):.0f} ms; compute saved {share}\n"
-        f"  job: {run.job_line}",
+        f"  job: {run.job_line}\n  {run.flow_line}",
         flush=True,
     )
 

@@ -8,7 +8,7 @@ default GemConfig), its early-stage candidate sets (~200 ads each) with their de
   --candidates-topic`` on Prism (its keyed state seeded as ``bench/solaris.py`` does), until
   ``--idle-exit``. Two sizes (SETS and 3 x SETS sets); the rate is the added pairs over the
   added seconds (:func:`bench.runners.steady_rate`), so start-up and the idle wait cancel;
-- **loop**: the same 3 x SETS sets in one process, 8 at a time, as the candidates job computes
+- **loop**: the same 3 x SETS sets in one process, 8 at a time, as the graph's pairs step computes
   them (:func:`pipelines.streaming.pairs.write_pairs`: skip-if-fresh read, the model's
   shared-history path, the store write) on the features snapshot's histories.
 
@@ -180,7 +180,7 @@ class LoopRun:
 def loop_run(
     sets: pa.Table, features: Path, model: Path, catalog: Path, root: Path, encoding_cache: int = 0
 ) -> LoopRun:
-    """The candidates job's computation over ``sets``, 8 at a time, in this process, with the graph's ad
+    """The graph's pairs computation over ``sets``, 8 at a time, in this process, with the graph's ad
     catalog and deadlines lifted, into a fresh LMDB store (the caller removes it); ``encoding_cache``
     users' encodings kept (0: none, batch precompute's plain loop)."""
     import torch

@@ -2,7 +2,7 @@
 
 The world and sets of ``bench/solaris_efficiency.py`` (QUICK: 600 sets of 1,000 users; full:
 1,500 sets of 3,000 users; early-stage sets of ~200 ads, or with SOLARIS_STAGE=retrieval the
-~1,000-ad ones), computed by the candidates job's loop (8 sets a batch, deadlines lifted, rank
+~1,000-ad ones), computed by the plain in-process loop (8 sets a batch, deadlines lifted, rank
 tiers, skip-if-fresh, the store write) in one process, ROUNDS times each way, alternating:
 
 - **off**: ``--encoding-cache 0``, every set (and every rank tier) encodes its history;
