@@ -136,6 +136,7 @@ class _ReadPartitionFn(beam.DoFn):
         self._idle_since: dict[int, float] = {}
         self._last_tick: dict[int, float] = {}
         self._commits: dict[int, tuple[int, float, float]] = {}  # partition -> (committed, since, checked)
+        self._redelivered: dict[int, int] = {}  # partition -> redeliveries since its commits last caught up
 
     @beam.DoFn.unbounded_per_element()
     def process(self, element: PartitionStart, tracker: Any = RESTRICTION, watermark: Any = WATERMARK) -> Iterator[Any]:
@@ -198,7 +199,9 @@ class _ReadPartitionFn(beam.DoFn):
     def _redeliver(self, element: PartitionStart, position: int) -> Iterator[Any]:
         """Read again what stayed unacknowledged for ``redeliver_after_s`` (at-least-once; the merge
         drops what a history already holds). Covers events a runner loses between stages: Prism was
-        seen to drop buffered state under load."""
+        seen to drop buffered state under load. Each further redelivery before the commits catch up
+        with the reads waits twice as long (up to 32x): a job that is only behind, not losing, would
+        otherwise read its whole backlog again every ``redeliver_after_s`` and fall further behind."""
         from kafka import TopicPartition
         from kafka.errors import KafkaError
 
@@ -217,11 +220,14 @@ class _ReadPartitionFn(beam.DoFn):
             return
         self._watch.ok()
         committed = element.start if found is None else int(found)
+        if committed >= position:
+            self._redelivered.pop(p, None)
         if committed != seen or committed >= position:
             self._commits[p] = (committed, now, now)
             return
         self._commits[p] = (committed, since, now)
-        if keyed or now - since < self._config.redeliver_after_s:
+        wait = self._config.redeliver_after_s * 2 ** min(self._redelivered.get(p, 0), 5)
+        if keyed or now - since < wait:
             return
         log.warning(
             "%s/%s: offsets [%d, %d) unacknowledged for %.0f s: reading them again",
@@ -234,6 +240,7 @@ class _ReadPartitionFn(beam.DoFn):
         for batch in self._refetch.fetch(PartitionRange(element.topic, p, committed, position)):
             yield from self._emit(element, batch, int(batch.offsets[0]), int(batch.offsets[-1]) + 1)
         self._commits[p] = (committed, now, now)
+        self._redelivered[p] = self._redelivered.get(p, 0) + 1
 
     def _emit(self, element: PartitionStart, batch: Any, position: int, after: int) -> Iterator[Any]:
         decoded = decode_indexed(batch.payloads, batch.sources, max_time_ms=self._config.max_time_ms())
