@@ -1,9 +1,9 @@
 """Precompute (user, ad) pair representations as the ranking funnel narrows its candidates.
 
-A thin entry to the streaming graph: ``solaris`` is ``stream --candidates-topic`` (see
-:mod:`pipelines.cli.stream`, whose flags it takes), with --candidates-topic, --model and
---store required. The candidate sets of --stage (default early: ~200 ads, tens to hundreds
-of ms before the late stage needs them) are read from --candidates-topic beside the events
+A thin entry to the streaming graph: `solaris` is `stream --candidates-topic` (the same
+flags: see `stream --help`), with --candidates-topic, --model and --store required. The
+candidate sets of --stage (default early: ~200 ads, tens to hundreds of ms before the late
+stage needs them) are read from --candidates-topic beside the events
 of --topic, keyed by user, and meet that user's history in the graph's keyed state (as the
 next flush would write it: flushed events and those still buffered). Their pair
 representations are computed there by RunInference, earliest `needed_by` first, and written
