@@ -168,6 +168,7 @@ def _write_flow(events: Path, path: Path, count: int, rate: int) -> None:
     stamped ``now + i / rate`` (when ``produce --rate`` sends it)."""
     import numpy as np
     import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     world = pq.read_table(events)
@@ -177,7 +178,7 @@ def _write_flow(events: Path, path: Path, count: int, rate: int) -> None:
     stamp = flow.schema.field("event_time").type
     times = pa.array(now_ms + np.arange(count, dtype=np.int64) * 1000 // rate).cast(pa.timestamp("ms"))
     flow = flow.set_column(flow.schema.get_field_index("event_time"), "event_time", times.cast(stamp))
-    ids = pa.array([f"flow-{uuid.uuid4().hex[:8]}-{i}" for i in range(count)])
+    ids = pc.binary_join_element_wise(f"flow-{uuid.uuid4().hex[:8]}-", pa.array(np.arange(count)).cast(pa.string()), "")
     flow = flow.set_column(
         flow.schema.get_field_index("event_id"), "event_id", ids.cast(flow.schema.field("event_id").type)
     )
@@ -185,12 +186,12 @@ def _write_flow(events: Path, path: Path, count: int, rate: int) -> None:
 
 
 def _end_offset(topic: str, bootstrap: str) -> int:
-    """The sum of ``topic``'s end offsets."""
-    from kafka import KafkaConsumer, TopicPartition
+    """The sum of ``topic``'s end offsets (the project's offset lookup)."""
+    from bench.common import kafka_connection
+    from pipelines.io.kafka.consume import open_lookup
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    lookup = open_lookup(kafka_connection(bootstrap))
     try:
-        parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-        return int(sum(consumer.end_offsets(parts).values()))
+        return sum(end for _, end in lookup.bounds(topic, lookup.partitions(topic)).values())
     finally:
-        consumer.close()
+        lookup.close()

@@ -125,7 +125,10 @@ def _drain(signum: int, frame: Any) -> None:
 @contextlib.contextmanager
 def stopping_on_sigterm(drain: bool) -> Iterator[None]:
     """Within: SIGTERM drains the graph (``drain``: Prism, whose readers run in this process) or cancels
-    it; a cancelled job ends the block quietly, as a finished one."""
+    it; a cancelled job ends the block quietly, as a finished one. On leaving, the previous handler is
+    back and the drain is over (a next job in this process reads again)."""
+    from pipelines.streaming.job import DRAIN
+
     previous = signal.signal(signal.SIGTERM, _drain if drain else _cancel)
     try:
         yield
@@ -133,6 +136,7 @@ def stopping_on_sigterm(drain: bool) -> Iterator[None]:
         log.info("stopped (SIGTERM); a restart resumes from the committed offsets")
     finally:
         signal.signal(signal.SIGTERM, previous)
+        DRAIN.clear()
 
 
 def run_on_prism(p: Any) -> None:

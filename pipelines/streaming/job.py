@@ -220,10 +220,10 @@ class _ReadPartitionFn(beam.DoFn):
             return
         self._watch.ok()
         committed = element.start if found is None else int(found)
-        if committed >= position:
-            self._redelivered.pop(p, None)
         if committed != seen or committed >= position:
             self._commits[p] = (committed, now, now)
+            if committed >= position:  # caught up: the next redelivery waits the base time again
+                self._redelivered.pop(p, None)
             return
         self._commits[p] = (committed, since, now)
         wait = self._config.redeliver_after_s * 2 ** min(self._redelivered.get(p, 0), 5)

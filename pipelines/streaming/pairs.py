@@ -150,21 +150,18 @@ class PairCounts:
 
 def answer_sets(
     work: list[CandidateWork], grace_ms: int, metrics: JobMetrics, write: Callable[[list[CandidateWork]], PairCounts]
-) -> tuple[list[CandidateWork], list[CandidateWork], PairCounts]:
-    """The one answering path of both jobs: the sets past ``needed_by + grace_ms`` are dropped and counted;
-    ``write`` computes and writes the others' pairs (:func:`write_pairs`), recorded in ``metrics`` with the
-    sets' stage time to written. Returns (sets in time, sets dropped, what became of the pairs)."""
+) -> None:
+    """A batch's sets answered: those past ``needed_by + grace_ms`` are dropped and counted; ``write``
+    computes and writes the others' pairs (:func:`write_pairs`), recorded in ``metrics`` with the sets'
+    stage time to written."""
     live, late = split_by_deadline(work, int(time.time() * 1000), grace_ms)
     if late:
         metrics.deadline_dropped.labels(metrics.pipeline).inc(len(late))
         metrics.pairs.labels(metrics.pipeline, "late").inc(sum(len(w.ad_ids) for w in late))
-    counts = PairCounts(0, 0, 0)
     if live:
-        counts = write(live)
-        counts.record(metrics)
+        write(live).record(metrics)
         written_ms = time.time() * 1000
         metrics.fresh("candidate_to_pair", [(written_ms - w.stage_ms) / 1000 for w in live])
-    return live, late, counts
 
 
 def write_pairs(

@@ -30,13 +30,12 @@ from tests.runners.test_flink_stream import (  # noqa: F401
     _stop,
     own_flink,
 )
-from tests.streaming.streams import committed, keyed, replay, stream_cmd
+from tests.streaming.streams import committed, keyed, replay, send_sets, stream_cmd
 from tests.streaming.test_stream_pairs import (
     assert_pairs_equal_batch,
     batch_pairs,
     funnel_sets,
     pair_keys_of,
-    send_sets,
     write_catalog,
 )
 from tests.streaming.test_stream_refresh import world_with_model

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
@@ -195,12 +196,14 @@ def retimed(sets: pa.Table, needed_in_s: float) -> pa.Table:
     return sets.set_column(sets.schema.get_field_index("needed_by"), "needed_by", needed)
 
 
-def send_sets(kafka: KafkaConnection, topic: str, sets: pa.Table) -> None:
-    """``sets`` to ``topic`` as CANDIDATE_SET JSON, key = user_id."""
+def send_sets(kafka: KafkaConnection, topic: str, *tables: pa.Table, bad: Sequence[bytes] = ()) -> int:
+    """``tables``' sets to ``topic`` as CANDIDATE_SET JSON (key = user_id), then the ``bad`` payloads
+    (no key); returns how many messages."""
     from pipelines.io.kafka.candidate_sets import candidate_sets_to_wire
 
-    messages = candidate_sets_to_wire(sets)
-    produce(kafka, topic, [v for _, v in messages], keys=[k for k, _ in messages])
+    messages = [m for t in tables for m in candidate_sets_to_wire(t)]
+    produce(kafka, topic, [v for _, v in messages] + list(bad), keys=[k for k, _ in messages] + [None] * len(bad))
+    return len(messages) + len(bad)
 
 
 def send_events(kafka: KafkaConnection, topic: str, events: Path) -> int:

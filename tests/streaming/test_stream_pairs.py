@@ -26,7 +26,7 @@ from pipelines.streaming.pairs import candidate_work, keyed_sets, newest_rows, p
 from pipelines.streaming.user_merge import merge_user
 from tests.features.factories import event, events_table
 from tests.fixtures.kafka import MakeTopic, produce
-from tests.streaming.streams import committed, keyed, replay, stream_cmd
+from tests.streaming.streams import committed, keyed, replay, send_sets, stream_cmd
 from tests.streaming.test_stream_refresh import world_with_model
 
 _MS = pa.timestamp("ms", tz="UTC")
@@ -129,12 +129,6 @@ def funnel_sets(
     late = [(f"late-{i}", u, "early", now_ms - 90_000, now_ms - 60_000, draw(5)) for i, u in enumerate(picked[-4:-1])]
     other = [("later-stage", picked[-1], "late", now_ms, now_ms + hour, draw(3))]
     return candidate_sets(live), candidate_sets(late), candidate_sets(other)
-
-
-def send_sets(kafka: KafkaConnection, topic: str, *tables: pa.Table, bad: list[bytes] = ()) -> int:  # type: ignore[assignment]
-    messages = [m for t in tables for m in candidate_sets_to_wire(t)]
-    produce(kafka, topic, [v for _, v in messages] + list(bad), keys=[k for k, _ in messages] + [None] * len(bad))
-    return len(messages) + len(bad)
 
 
 def batch_pairs(tmp_path: Path, features: Path, sets: pa.Table, model: Path) -> pa.Table:
