@@ -56,7 +56,7 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 from bench.common import QUICK, WORK, generate, kafka_connection, result, untrained_model  # noqa: E402
-from bench.solaris_stream import EventFlow, JobRunner  # noqa: E402
+from bench.solaris_stream import EventFlow, JobRunner, rows_of, snapshot_histories  # noqa: E402
 
 if TYPE_CHECKING:
     from pipelines.io.kafka.produce import KafkaSink
@@ -185,7 +185,6 @@ class _World:
         from pipelines.similarity.build import BuildSpec, build_index
         from pipelines.similarity.user_index import UserIndex
         from pipelines.similarity.vectors import UserVectors
-        from pipelines.streaming.history_view import HistoryView
 
         funnel = read_table(str(funnel_path), CANDIDATE_SET)
         early = stage_rows(funnel, "early").sort_by("request_id")
@@ -194,7 +193,7 @@ class _World:
         early, late = early.take(order), late.take(order)
         gaps = late["stage_time"].cast(pa.int64()).to_numpy() - early["stage_time"].cast(pa.int64()).to_numpy()
         loaded = load_model(str(model), device="cpu")
-        histories = HistoryView(str(features)).rows(np.unique(early["user_id"].to_numpy()))
+        histories = rows_of(snapshot_histories(features), early["user_id"].to_numpy())
         reps = Refresher(loaded, loaded.model_version).refresh(histories, computed_at_ms=int(time.time() * 1000))
         dim = len(reps["embedding"][0])
         vectors = UserVectors(

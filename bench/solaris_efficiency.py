@@ -41,7 +41,7 @@ import pyarrow as pa  # noqa: E402
 
 from bench.common import QUICK, WORK, generate, kafka_connection, result, untrained_model  # noqa: E402
 from bench.runners import steady_rate  # noqa: E402
-from bench.solaris_stream import StreamGraphRunner, seed_stream  # noqa: E402
+from bench.solaris_stream import StreamGraphRunner, rows_of, seed_stream, snapshot_histories  # noqa: E402
 
 USERS, DAYS = (1_000, 7) if QUICK else (3_000, 7)
 SETS = int(os.environ.get("SOLARIS_SETS", 200 if QUICK else 500))
@@ -190,14 +190,13 @@ def loop_run(
     from pipelines.precompute.refresh import Refresher
     from pipelines.settings import ENCODING_MAX_AGE
     from pipelines.store import open_store
-    from pipelines.streaming.history_view import HistoryView
     from pipelines.streaming.pair_work import pair_keys
     from pipelines.streaming.pairs import RECEIVED, candidate_work, load_ad_catalog, write_pairs
     from pipelines.streaming.state import OFFSET, PARTITION
 
     torch.set_num_threads(1)
     loaded = load_model(str(model), device="cpu")
-    view = HistoryView(str(features))
+    histories = snapshot_histories(features)
     cache = EncodingCache.of(encoding_cache, ENCODING_MAX_AGE.seconds)
     refresher = Refresher(loaded, loaded.model_version, catalog=load_ad_catalog(str(catalog)), encoding_cache=cache)
     uri = f"lmdb://{root}/store-loop-{uuid.uuid4().hex[:6]}"
@@ -211,7 +210,7 @@ def loop_run(
         started = time.perf_counter()
         for i in range(0, len(work), 8):
             batch = work[i : i + 8]
-            write_pairs(refresher, store, loaded.model_version, view.rows(pair_keys(batch)[0]), batch, 3600.0)
+            write_pairs(refresher, store, loaded.model_version, rows_of(histories, pair_keys(batch)[0]), batch, 3600.0)
         seconds = time.perf_counter() - started
     hits, misses = (cache.hits, cache.misses) if cache else (0, 0)
     return LoopRun(_pairs(sets), seconds, hits, misses, uri)

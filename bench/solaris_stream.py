@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol
 
+import numpy as np
+import pyarrow as pa
+
 from bench.flink_parts import OwnFlink, free_port, stop_job
 
 
@@ -118,12 +121,31 @@ def write_ad_catalog(features: Path, path: Path) -> Path:
     """The ad catalog of the ``features`` snapshot's histories, written to ``path``."""
     import pyarrow.parquet as pq
 
-    from pipelines.io.files import match_files
     from pipelines.model.inputs import ad_catalog
 
-    histories = pq.ParquetDataset(match_files(str(features / "histories/*/*.parquet"))).read()
-    pq.write_table(ad_catalog(histories), path)
+    pq.write_table(ad_catalog(snapshot_histories(features)), path)
     return path
+
+
+def snapshot_histories(features: Path) -> pa.Table:
+    """Every user's HISTORY row of a ``features`` snapshot (one row per user), by user: the histories
+    the benches' in-process baselines compute on."""
+    from pipelines.io.files import match_files
+    from pipelines.io.parquet import read_table
+    from pipelines.io.shards import kind_glob
+    from pipelines.io.snapshot import HISTORIES
+    from pipelines.schemas.layouts import HISTORY
+
+    files = match_files(kind_glob(str(features), HISTORIES))
+    histories = pa.concat_tables([HISTORY.schema.empty_table(), *(read_table(f, HISTORY) for f in files)])
+    return histories.sort_by("user_id")
+
+
+def rows_of(histories: pa.Table, users: np.ndarray) -> pa.Table:
+    """The rows of ``histories`` of ``users`` (in the table's order)."""
+    import pyarrow.compute as pc
+
+    return histories.filter(pc.is_in(histories.column("user_id"), value_set=pa.array(np.unique(users))))
 
 
 @dataclass
