@@ -12,7 +12,6 @@ batch build on generated inputs.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -29,7 +28,6 @@ _FIELDS = [f.name for f in HISTORY_EVENT]
 _BY_TIME = [("event_time", "ascending"), ("event_id", "ascending")]
 _EVENTS_TYPE = HISTORY.schema.field("events").type
 _SUMMARY_TYPE = HISTORY.schema.field("summary").type
-_HELD = pa.schema(list(HISTORY_EVENT))
 
 
 def merge_user(events: pa.Table, previous: pa.Table | None, *, max_history: int) -> pa.Table:
@@ -37,27 +35,30 @@ def merge_user(events: pa.Table, previous: pa.Table | None, *, max_history: int)
     into ``previous`` (the user's HISTORY row, or None / empty for a user seen first): events
     already held (same ``event_id``) are dropped, the newest ``max_history`` are kept by
     ``(event_time, event_id)`` and the rest is counted into the summary. Equal to
-    ``build_histories(events, previous, max_history=...).histories``."""
+    ``build_histories(events, previous, max_history=...).histories``.
+
+    The held events stay Arrow arrays throughout (no Python object per held event), and the
+    summary is rebuilt only when events are evicted: a flush costs a few dozen Arrow calls plus
+    copies of the held events' buffers."""
     MAX_HISTORY.check(max_history)
-    before = _Before.of(previous)
-    fresh = _fresh(events, before.events.column("event_id"))
-    if not fresh.num_rows:
+    held = _held_events(previous)
+    fresh = _fresh(events, held.field("event_id"))
+    if not len(fresh):
         assert previous is not None  # nothing new: only a previous row can be left
         return conform(previous, HISTORY)
-    merged = pa.concat_tables([before.events, _as(fresh.select(_FIELDS), _HELD)])
-    if not _ascending_after(before.events, fresh):  # a late event: it goes to its place
-        merged = merged.take(pc.sort_indices(merged, _BY_TIME))
-    cut = max(0, merged.num_rows - max_history)
-    kept, evicted = merged.slice(cut), merged.slice(0, cut)
-    newest = int(_millis(fresh.column("event_time")).max())
-    watermark = max(newest, before.watermark_ms)
-    held = pa.StructArray.from_arrays([kept.column(f).combine_chunks() for f in _FIELDS], fields=list(HISTORY_EVENT))
+    merged = pa.concat_arrays([held, fresh])
+    if not _ascending_after(held, fresh):  # a late event: it goes to its place
+        merged = merged.take(pc.sort_indices(_time_and_id(merged), _BY_TIME))
+    cut = max(0, len(merged) - max_history)
+    kept = merged.slice(cut)
+    watermark = max(int(_millis(fresh.field("event_time")).max()), _scalar_ms(previous, "watermark"))
+    total = len(fresh) + (_scalar(previous, "num_events_total") or 0)
     columns = [
-        pa.array([int(fresh.column("user_id")[0].as_py())], pa.int64()),
-        pa.ListArray.from_arrays(pa.array([0, len(held)], pa.int32()), held, type=_EVENTS_TYPE),
-        pa.array([_summary(evicted, before.summary)], _SUMMARY_TYPE),
-        pa.array([before.total + fresh.num_rows], pa.int64()),
-        pa.array([int(_millis(kept.column("event_time"))[-1])], TIME),
+        pa.array([events.column("user_id")[0].as_py()], pa.int64()),
+        pa.ListArray.from_arrays(pa.array([0, len(kept)], pa.int32()), kept, type=_EVENTS_TYPE),
+        _summary_after(merged.slice(0, cut), previous),
+        pa.array([total], pa.int64()),
+        pa.array([int(_millis(kept.field("event_time"))[-1])], TIME),
         pa.array([watermark], TIME),
     ]
     return pa.Table.from_arrays(columns, schema=HISTORY.schema)
@@ -69,66 +70,74 @@ def _as(table: pa.Table, schema: pa.Schema) -> pa.Table:
     return table if table.schema == schema else table.cast(schema)
 
 
-def _millis(times: pa.ChunkedArray) -> np.ndarray:
+def _millis(times: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """Timestamps (ms) as int64 milliseconds."""
-    return times.combine_chunks().view(pa.int64()).to_numpy()
+    if isinstance(times, pa.ChunkedArray):
+        times = times.combine_chunks()
+    return times.view(pa.int64()).to_numpy()
 
 
-def _ascending_after(held: pa.Table, fresh: pa.Table) -> bool:
+def _held_events(previous: pa.Table | None) -> pa.StructArray:
+    """The events ``previous`` (a HISTORY row, or None) holds, as one HISTORY_EVENT struct array."""
+    if previous is None or not previous.num_rows:
+        return _NONE_HELD
+    held = previous.column("events").combine_chunks().flatten()
+    return held if held.type == HISTORY_EVENT else held.cast(HISTORY_EVENT)
+
+
+def _time_and_id(events: pa.StructArray) -> pa.Table:
+    return pa.table({"event_time": events.field("event_time"), "event_id": events.field("event_id")})
+
+
+def _ascending_after(held: pa.StructArray, fresh: pa.StructArray) -> bool:
     """Whether ``fresh`` (sorted) all comes after the last of ``held`` (sorted) by (time, id):
     the usual flush, whose concatenation needs no sort."""
-    if not held.num_rows:
+    if not len(held):
         return True
-    last = (int(_millis(held.column("event_time"))[-1]), held.column("event_id")[-1].as_py())
-    first = (int(_millis(fresh.column("event_time"))[0]), fresh.column("event_id")[0].as_py())
-    return first > last
+    last = held[len(held) - 1]
+    first = fresh[0]
+    return (first["event_time"].value, first["event_id"].as_py()) > (last["event_time"].value, last["event_id"].as_py())
 
 
-@dataclass(frozen=True)
-class _Before:
-    """What a merge needs of the user's previous HISTORY row (none: a user seen first)."""
-
-    events: pa.Table  # the held events, HISTORY_EVENT columns
-    summary: dict[str, Any] | None
-    total: int
-    watermark_ms: int
-
-    @classmethod
-    def of(cls, previous: pa.Table | None) -> _Before:
-        if previous is None or not previous.num_rows:
-            return cls(_HELD.empty_table(), None, 0, 0)
-        held = pc.list_flatten(previous.column("events")).combine_chunks()
-        return cls(
-            pa.Table.from_arrays([held.field(f) for f in _FIELDS], schema=_HELD),
-            previous.column("summary")[0].as_py(),
-            int(previous.column("num_events_total")[0].as_py()),
-            _ms(previous.column("watermark")[0]),
-        )
-
-
-def _fresh(events: pa.Table, held_ids: pa.ChunkedArray) -> pa.Table:
-    """``events`` in (time, id) order without those whose id is ``held`` or repeated (the first copy stays)."""
+def _fresh(events: pa.Table, held_ids: pa.Array) -> pa.StructArray:
+    """``events`` as HISTORY_EVENT structs in (time, id) order, without those whose id is in
+    ``held_ids`` or repeated (the first copy stays)."""
     events = _as(events.select(EVENT.schema.names), EVENT.schema)
     if events.num_rows > 1:
         events = events.take(pc.sort_indices(events, _BY_TIME))
-    held, keep = set(held_ids.to_pylist()), []
-    for i, event_id in enumerate(events.column("event_id").to_pylist()):
-        if event_id not in held:
-            held.add(event_id)
-            keep.append(i)
-    return events if len(keep) == events.num_rows else events.take(pa.array(keep, pa.int64()))
+    ids = events.column("event_id")
+    keep = np.asarray(pc.invert(pc.is_in(ids, value_set=held_ids)), bool) if len(held_ids) else np.ones(len(ids), bool)
+    if events.num_rows > 1:  # repeats within the batch: the first copy stays
+        seen: set[str] = set()
+        for i, event_id in enumerate(ids.to_pylist()):
+            if event_id in seen:
+                keep[i] = False
+            seen.add(event_id)
+    structs = events.select(_FIELDS).to_struct_array().combine_chunks()
+    return structs if keep.all() else structs.filter(pa.array(keep))
 
 
-def _summary(evicted: pa.Table, previous: dict[str, Any] | None) -> dict[str, Any]:
+def _summary_after(evicted: pa.StructArray, previous: pa.Table | None) -> pa.Array:
+    """The HISTORY summary (one row) after ``evicted``: the previous one as it is when nothing was."""
+    if not len(evicted):
+        if previous is None or not previous.num_rows:
+            return _NO_SUMMARY
+        summary = previous.column("summary").combine_chunks()
+        return summary if summary.type == _SUMMARY_TYPE else summary.cast(_SUMMARY_TYPE)
+    before = previous.column("summary")[0].as_py() if previous is not None and previous.num_rows else None
+    return pa.array([_summary(evicted, before)], _SUMMARY_TYPE)
+
+
+def _summary(evicted: pa.StructArray, previous: dict[str, Any] | None) -> dict[str, Any]:
     """The HISTORY summary: ``previous`` (a summary, or None) plus the ``evicted`` events."""
-    surfaces = np.bincount(evicted.column("surface").to_numpy(), minlength=len(SURFACES))
-    types = np.bincount(evicted.column("event_type").to_numpy(), minlength=len(EVENT_TYPES))
-    times = evicted.column("event_time")
-    first, last = (pc.min(times).as_py(), pc.max(times).as_py()) if evicted.num_rows else (None, None)
+    surfaces = np.bincount(evicted.field("surface").to_numpy(), minlength=len(SURFACES))
+    types = np.bincount(evicted.field("event_type").to_numpy(), minlength=len(EVENT_TYPES))
+    times = evicted.field("event_time")
+    first, last = (pc.min(times).as_py(), pc.max(times).as_py()) if len(evicted) else (None, None)
     if previous is None:
         previous = {"evicted_count": 0, "surface_counts": [0] * len(SURFACES), "event_type_counts": [0] * len(types)}
     return {
-        "evicted_count": previous["evicted_count"] + evicted.num_rows,
+        "evicted_count": previous["evicted_count"] + len(evicted),
         "surface_counts": (np.asarray(previous["surface_counts"]) + surfaces).tolist(),
         "event_type_counts": (np.asarray(previous["event_type_counts"]) + types).tolist(),
         "first_event_time": _pick(min, previous.get("first_event_time"), first),
@@ -142,5 +151,15 @@ def _pick(choose: Callable[[list[datetime]], datetime], a: datetime | None, b: d
     return choose(present) if present else None
 
 
-def _ms(value: pa.Scalar) -> int:
-    return int(value.cast(pa.int64()).as_py())
+def _scalar(row: pa.Table | None, column: str) -> Any:
+    """The value of ``column`` in a one-row table (None for no row)."""
+    return row.column(column)[0].as_py() if row is not None and row.num_rows else None
+
+
+def _scalar_ms(row: pa.Table | None, column: str) -> int:
+    """A timestamp column's value in a one-row table, in milliseconds (0 for no row)."""
+    return int(row.column(column)[0].value) if row is not None and row.num_rows else 0
+
+
+_NONE_HELD = pa.array([], HISTORY_EVENT)
+_NO_SUMMARY = pa.array([_summary(_NONE_HELD, None)], _SUMMARY_TYPE)
