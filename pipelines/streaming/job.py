@@ -268,20 +268,24 @@ class _ReadPartitionFn(beam.DoFn):
 class _ReadCandidateSetsFn(_ReadPartitionFn):
     """A partition of the candidates topic: each polled batch's sets of the configured stage, one table
     per user, stamped with the time read (:func:`pipelines.streaming.pairs.keyed_sets`); unreadable
-    ones as dead letters; other stages' offsets acknowledged at once."""
+    ones as dead letters; other stages' offsets, and the sets already past their deadline (shed,
+    counted as late), acknowledged at once."""
 
     def _emit(self, element: PartitionStart, batch: Any, position: int, after: int) -> Iterator[Any]:
         from pipelines.io.deadletters import dead_letter_table
         from pipelines.io.kafka.candidate_sets import decode_candidate_sets
-        from pipelines.streaming.pairs import keyed_sets
+        from pipelines.streaming.metrics import shared_metrics
+        from pipelines.streaming.pairs import count_late, keyed_sets, shed_count
 
         payloads = batch.payloads.take(np.arange(len(batch)))
         decoded = decode_candidate_sets(payloads)
         stamp = time.time()
-        sets, others = keyed_sets(decoded, element.partition, batch.offsets, self._config.stage)
+        shed_after = int(stamp * 1000) - int(self._config.deadline_grace_s * 1000)
+        sets, done, shed = keyed_sets(decoded, element.partition, batch.offsets, self._config.stage, shed_after)
         yield from (TimestampedValue(kv, stamp) for kv in sets)
-        if len(others):
-            yield TaggedOutput(ACKS, (element.partition, others))
+        count_late(shared_metrics("stream"), *shed_count(shed))
+        if len(done):
+            yield TaggedOutput(ACKS, (element.partition, done))
         bad = np.asarray(sorted(decoded.bad), np.int64)
         dead = dead_letter_table(
             "candidates",

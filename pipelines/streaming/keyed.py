@@ -70,6 +70,7 @@ from pipelines.io.shards import split_by, split_by_shard
 from pipelines.schemas.layouts import HISTORY
 from pipelines.streaming.acks import open_sink
 from pipelines.streaming.config import StreamConfig
+from pipelines.streaming.pair_work import past_deadline
 from pipelines.streaming.pairs import PAIRS, is_candidate_sets
 from pipelines.streaming.state import (
     ShardHistories,
@@ -207,11 +208,19 @@ class AppendUserHistoryFn(beam.DoFn):
         if not table.num_rows:
             return
         if is_candidate_sets(table):  # they meet the user's freshest state: see pipelines.streaming.pairs
-            yield TaggedOutput(PAIRS, (self._current_row(user, table, state), table))
+            yield TaggedOutput(PAIRS, (self._row_for(user, table, state), table))
             return
         state.add((EVENTS, table))
         slot = flush_slot(Timestamp.of(stamp).micros, self._config.flush_interval_s)
         flush.set(Timestamp(micros=slot.end_micros), dynamic_timer_tag=str(slot.number))
+
+    def _row_for(self, user: int, sets: pa.Table, state: Any) -> pa.Table:
+        """The user's current row for ``sets``; none (no state read) when every set is already past its
+        deadline: the pairs step only counts those, and a read is a round trip to the runner."""
+        now_ms = int(time.time() * 1000)
+        if past_deadline(sets, now_ms, int(self._config.deadline_grace_s * 1000)).all():
+            return _EMPTY
+        return self._current_row(user, sets, state)
 
     def _current_row(self, user: int, table: pa.Table, state: Any) -> pa.Table:
         """The user's HISTORY row as the next flush would write it (0 rows for a user without one):

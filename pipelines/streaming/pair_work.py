@@ -20,6 +20,7 @@ __all__ = [
     "TIER_MIN_PAIRS",
     "CandidateWork",
     "Plan",
+    "past_deadline",
     "plan_pairs",
     "rank_tiers",
     "split_by_deadline",
@@ -54,6 +55,13 @@ def split_by_deadline(
     live = [w for w in work if w.needed_by_ms + grace_ms >= now_ms]
     late = [w for w in work if w.needed_by_ms + grace_ms < now_ms]
     return live, late
+
+
+def past_deadline(sets: pa.Table, now_ms: int, grace_ms: int = 0) -> np.ndarray:
+    """Which rows of ``sets`` (CANDIDATE_SET) are past ``needed_by + grace`` at ``now_ms``: the same
+    rule as :func:`split_by_deadline`, on a table (before a set becomes :class:`CandidateWork`)."""
+    needed = sets.column("needed_by").cast(pa.int64()).to_numpy()
+    return np.asarray(needed + grace_ms < now_ms, bool)
 
 
 @dataclass(frozen=True)

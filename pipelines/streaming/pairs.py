@@ -35,7 +35,7 @@ from pipelines.io.shards import split_by
 from pipelines.schemas.enums import FUNNEL_STAGE_CODE
 from pipelines.streaming.config import StreamConfig
 from pipelines.streaming.metrics import PAIR_OUTCOMES, JobMetrics
-from pipelines.streaming.pair_work import CandidateWork, plan_pairs, rank_tiers, split_by_deadline
+from pipelines.streaming.pair_work import CandidateWork, past_deadline, plan_pairs, rank_tiers, split_by_deadline
 from pipelines.streaming.refresh import AckAfterInference
 from pipelines.streaming.state import OFFSET, PARTITION, offsets_by_partition
 
@@ -47,6 +47,7 @@ __all__ = [
     "PairsModelHandler",
     "answer_sets",
     "candidate_work",
+    "count_late",
     "is_candidate_sets",
     "load_ad_catalog",
     "newest_rows",
@@ -155,13 +156,18 @@ def answer_sets(
     computes and writes the others' pairs (:func:`write_pairs`), recorded in ``metrics`` with the sets'
     stage time to written."""
     live, late = split_by_deadline(work, int(time.time() * 1000), grace_ms)
-    if late:
-        metrics.deadline_dropped.labels(metrics.pipeline).inc(len(late))
-        metrics.pairs.labels(metrics.pipeline, "late").inc(sum(len(w.ad_ids) for w in late))
+    count_late(metrics, len(late), sum(len(w.ad_ids) for w in late))
     if live:
         write(live).record(metrics)
         written_ms = time.time() * 1000
         metrics.fresh("candidate_to_pair", [(written_ms - w.stage_ms) / 1000 for w in live])
+
+
+def count_late(metrics: JobMetrics, sets: int, pairs: int) -> None:
+    """``sets`` candidate sets (``pairs`` pairs) dropped past their deadline, wherever the graph found them late."""
+    if sets:
+        metrics.deadline_dropped.labels(metrics.pipeline).inc(sets)
+        metrics.pairs.labels(metrics.pipeline, "late").inc(pairs)
 
 
 def write_pairs(
@@ -301,14 +307,27 @@ class ComputePairs(AckAfterInference):
 
 
 def keyed_sets(
-    decoded: Any, partition: int, offsets: np.ndarray, stage: str
-) -> tuple[list[tuple[int, pa.Table]], np.ndarray]:
+    decoded: Any, partition: int, offsets: np.ndarray, stage: str, shed_after_ms: int | None = None
+) -> tuple[list[tuple[int, pa.Table]], np.ndarray, pa.Table]:
     """A decoded batch's candidate sets of ``stage``, one table per user (with ``_partition``,
-    ``_offset`` and ``_received``), and the offsets of the other stages' sets (done at once)."""
+    ``_offset`` and ``_received``); the offsets done at once (other stages' sets, and the shed ones);
+    and the shed sets: with ``shed_after_ms``, those whose ``needed_by`` is before it (already past
+    their deadline when read: they would cost the keyed step a state read for nothing)."""
     table, rows = decoded.table, offsets[decoded.rows]
     wanted = np.asarray(table.column("stage").to_numpy(zero_copy_only=False) == FUNNEL_STAGE_CODE[stage])
-    table, others, rows = table.filter(pa.array(wanted)), rows[~wanted], rows[wanted]
+    table, done, rows = table.filter(pa.array(wanted)), rows[~wanted], rows[wanted]
+    shed = table.slice(0, 0)
+    if shed_after_ms is not None and table.num_rows:
+        late = past_deadline(table, shed_after_ms)
+        if late.any():
+            shed, table = table.filter(pa.array(late)), table.filter(pa.array(~late))
+            done, rows = np.sort(np.concatenate([done, rows[late]])), rows[~late]
     table = table.append_column(PARTITION, pa.array(np.full(len(rows), partition, np.int32)))
     table = table.append_column(OFFSET, pa.array(rows, pa.int64()))
     table = table.append_column(RECEIVED, pa.array(np.full(len(rows), time.time())))
-    return split_by(table, table.column("user_id").to_numpy()), others
+    return split_by(table, table.column("user_id").to_numpy()), done, shed
+
+
+def shed_count(sets: pa.Table) -> tuple[int, int]:
+    """(sets, pairs) in a CANDIDATE_SET table: what :func:`count_late` counts for shed sets."""
+    return sets.num_rows, len(sets.column("ad_ids").combine_chunks().flatten())

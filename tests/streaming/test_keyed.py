@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from pipelines.streaming.keyed import FirstSight, flush_slot, split_by_user
 from pipelines.streaming.state import flush_path, merge_shard, write_flush
@@ -45,3 +46,27 @@ def test_first_sight_reads_the_users_newest_row_and_keeps_few_shards(tmp_path: P
     assert sight.row_of(out, 0, 99).num_rows == 0  # a user the files never held
     assert sight.row_of(out, 1, 7).num_rows == 0  # another shard: the first one leaves the cache
     assert len(sight._shards) == 1 and np.all([k[1] == 1 for k in sight._shards])
+
+
+class _UnreadableState:
+    """A user's bag that fails the test if read: the keyed step must answer late sets without it."""
+
+    def read(self) -> list:
+        raise AssertionError("the state was read")
+
+
+def test_sets_all_past_their_deadline_skip_the_state_read(tmp_path: Path) -> None:
+    import time
+
+    from pipelines.streaming.config import StreamConfig
+    from pipelines.streaming.keyed import AppendUserHistoryFn
+    from tests.streaming.test_stream_pairs import candidate_sets
+
+    config = StreamConfig(topic="t", output=str(tmp_path), group="g")
+    step = AppendUserHistoryFn(config)
+    now = int(time.time() * 1000)
+    late = candidate_sets([("a", 7, "early", now - 5_000, now - 1_000, [1])])
+    assert step._row_for(7, late, _UnreadableState()).num_rows == 0
+    live = candidate_sets([("a", 7, "early", now - 5_000, now - 1_000, [1]), ("b", 7, "early", now, now + 60_000, [2])])
+    with pytest.raises(AssertionError, match="was read"):  # one set in time: its user's state is read
+        step._row_for(7, live, _UnreadableState())

@@ -22,7 +22,7 @@ from pipelines.io.kafka.config import KafkaConnection
 from pipelines.schemas.enums import FUNNEL_STAGE_CODE
 from pipelines.schemas.layouts import CANDIDATE_SET, CANDIDATES
 from pipelines.store import open_store
-from pipelines.streaming.pairs import candidate_work, keyed_sets, newest_rows, pending_tokens
+from pipelines.streaming.pairs import candidate_work, keyed_sets, newest_rows, pending_tokens, shed_count
 from pipelines.streaming.user_merge import merge_user
 from tests.features.factories import event, events_table
 from tests.fixtures.kafka import MakeTopic, produce
@@ -62,8 +62,9 @@ def test_keyed_sets_keep_the_stage_key_by_user_and_acknowledge_the_rest() -> Non
     )
     payloads = [v for _, v in candidate_sets_to_wire(sets)]
     decoded = decode_candidate_sets([payloads[0], b"{nope", *payloads[1:]])
-    keyed_tables, others = keyed_sets(decoded, 3, np.arange(100, 105), "early")
+    keyed_tables, others, shed = keyed_sets(decoded, 3, np.arange(100, 105), "early")
     assert others.tolist() == [102]  # the late-stage set: acknowledged at once
+    assert shed.num_rows == 0
     users = dict(keyed_tables)
     assert sorted(users) == [7, 9]
     work = candidate_work(users[7])
@@ -72,6 +73,22 @@ def test_keyed_sets_keep_the_stage_key_by_user_and_acknowledge_the_rest() -> Non
         ("c", 3, 103, [3]),
     ]
     assert candidate_work(users[9])[0].offset == 104
+
+
+def test_keyed_sets_shed_the_sets_already_past_their_deadline() -> None:
+    sets = candidate_sets(
+        [
+            ("a", 7, "early", 1, 50, [1, 2]),
+            ("b", 7, "early", 1, 200, [3]),
+            ("c", 8, "late", 1, 10, [4]),
+            ("d", 9, "early", 1, 99, [5, 6, 7]),
+        ]
+    )
+    decoded = decode_candidate_sets([v for _, v in candidate_sets_to_wire(sets)])
+    keyed_tables, done, shed = keyed_sets(decoded, 0, np.arange(10, 14), "early", shed_after_ms=100)
+    assert done.tolist() == [10, 12, 13]  # a and d shed, c of another stage: all acknowledged at once
+    assert shed_count(shed) == (2, 5)
+    assert [(user, t.column("request_id").to_pylist()) for user, t in keyed_tables] == [(7, ["b"])]
 
 
 def test_newest_rows_keep_each_users_latest_state_and_tokens_weigh_history_and_ads() -> None:
