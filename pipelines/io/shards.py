@@ -36,6 +36,20 @@ def split_by(table: pa.Table, keys: np.ndarray) -> list[tuple[int, pa.Table]]:
     return [(int(ordered[s]), taken.slice(s, e - s)) for s, e in zip(starts, ends, strict=True)]
 
 
+def newest_per_user(tables: list[pa.Table]) -> pa.Table:
+    """Rows with a ``user_id``, one per user, sorted by user: each user's **last** row across ``tables``
+    in order (a later table, and a later row of one table, is newer: a bundle writes a user flushed
+    twice in it in the order of its flushes). Tables of one layout, cast to the last one's schema."""
+    tables = [t for t in tables if t.num_rows]
+    if not tables:
+        raise ValueError("newest_per_user needs at least one row (the caller knows its empty layout)")
+    table = pa.concat_tables([t.cast(tables[-1].schema) for t in tables])
+    users = table.column("user_id").to_numpy()
+    order = np.lexsort((-np.arange(len(users)), users))  # by user, the last row first
+    first = np.r_[True, users[order][1:] != users[order][:-1]]
+    return table.take(pa.array(order[first]))
+
+
 #: How a shard's folder is named inside a kind's folder (``histories/shard=00007/``).
 SHARD_DIR = "shard={:05d}"
 #: Matches every shard folder of a kind.

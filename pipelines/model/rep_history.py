@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipelines.io.parquet import read_table
-from pipelines.io.shards import SHARD_DIR, SHARD_GLOB
+from pipelines.io.shards import SHARD_DIR, SHARD_GLOB, newest_per_user
 from pipelines.model.gem import GemModel
 from pipelines.model.inputs import HistoryIndex
 from pipelines.model.reps import PairQueries, pair_reps
@@ -170,16 +170,11 @@ def stored_reps(row: pa.Table) -> tuple[np.ndarray, np.ndarray]:
 
 
 def newest_rep_rows(tables: list[pa.Table]) -> pa.Table:
-    """REP_HISTORY rows sorted by user: each user's row from the last of ``tables`` that has one."""
-    tables = [t for t in tables if t.num_rows]
-    if not tables:
+    """REP_HISTORY rows sorted by user: each user's last row over ``tables`` in order
+    (:func:`pipelines.io.shards.newest_per_user`)."""
+    if not any(t.num_rows for t in tables):
         return REP_HISTORY.schema.empty_table()
-    ranks = [np.full(t.num_rows, i, np.int64) for i, t in enumerate(tables)]
-    table = pa.concat_tables([t.cast(tables[-1].schema) for t in tables])
-    users, rank = table.column("user_id").to_numpy(), np.concatenate(ranks)
-    order = np.lexsort((-rank, users))
-    first = np.r_[True, users[order][1:] != users[order][:-1]]
-    return table.take(pa.array(order[first]))
+    return newest_per_user(tables)
 
 
 def _rep_files(folder: str, shard: int | None) -> list[Path]:

@@ -77,6 +77,7 @@ from pipelines.streaming.state import (
     append_flush,
     compact_shard,
     latest_histories,
+    newest_rows,
     offsets_by_partition,
 )
 from pipelines.streaming.user_merge import merge_user
@@ -306,7 +307,7 @@ class WriteHistoriesFn(beam.DoFn):
     def finish_bundle(self) -> Iterator[WindowedValue]:  # of Flushed
         if not self._acks:
             return
-        changed = pa.concat_tables([r.select(HISTORY.schema.names) for r in self._rows if r.num_rows] or [_EMPTY])
+        changed = newest_rows([r.select(HISTORY.schema.names) for r in self._rows])  # a user flushed twice: once
         shards = split_by_shard(changed, self._config.num_shards)
         for shard, rows in shards:
             append_flush(rows, self._config.output, shard)

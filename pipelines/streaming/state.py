@@ -55,7 +55,7 @@ import pyarrow.parquet as pq
 
 from pipelines.features.histories import build_histories
 from pipelines.io.parquet import conform, read_table
-from pipelines.io.shards import SHARD_DIR, SHARD_GLOB, shard_dir, shard_path
+from pipelines.io.shards import SHARD_DIR, SHARD_GLOB, newest_per_user, shard_dir, shard_path
 from pipelines.io.snapshot import HISTORIES
 from pipelines.schemas.layouts import EVENT, HISTORY, Layout
 
@@ -529,14 +529,8 @@ def latest_histories(output: str, shard: int | None = None) -> pa.Table:
 
 
 def newest_rows(tables: list[pa.Table]) -> pa.Table:
-    """HISTORY rows sorted by user: each user's row from the last of ``tables`` that has one."""
-    if not tables:
+    """HISTORY rows sorted by user: each user's last row over ``tables`` in order
+    (:func:`pipelines.io.shards.newest_per_user`)."""
+    if not any(t.num_rows for t in tables):
         return HISTORY.schema.empty_table()
-    rank = pa.chunked_array([pa.array(np.full(t.num_rows, i, dtype=np.int64)) for i, t in enumerate(tables)])
-    table = pa.concat_tables(tables)
-    table = table.append_column("_rank", rank)
-    order = pc.sort_indices(table, [("user_id", "ascending"), ("_rank", "descending")])
-    table = table.take(order)
-    users = table.column("user_id").to_numpy()
-    first = np.r_[True, users[1:] != users[:-1]] if len(users) else np.zeros(0, bool)
-    return conform(table.filter(pa.array(first)).drop_columns(["_rank"]), HISTORY)
+    return conform(newest_per_user(tables), HISTORY)

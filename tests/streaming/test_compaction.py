@@ -88,6 +88,22 @@ def test_the_merge_keeps_each_users_newest_row() -> None:
     assert newest_rows([newest_rows([a, b]), c]).equals(state)  # merging a run keeps its place in order
 
 
+def test_a_user_flushed_twice_into_one_file_reads_as_its_last_row(tmp_path: Path) -> None:
+    """A bundle that flushed a user twice writes both rows in flush order: the second is the newest,
+    for the reader, the compaction and the first sight alike."""
+    (a, _), (b, state) = _flushes(7, 2)
+    both = pa.concat_tables([a, b, a.slice(0, 0)])
+    twice = set(a.column("user_id").to_pylist()) & set(b.column("user_id").to_pylist())
+    assert twice  # the seed flushes some user in both
+    assert newest_rows([both]).equals(state)
+    out = str(tmp_path)
+    write_flush(both, flush_path(out, 0, clock_ns=1))
+    assert latest_histories(out, 0).equals(state)
+    write_flush(b.slice(0, 0), flush_path(out, 0, clock_ns=2))
+    compact_shard(out, 0, fanout=2)
+    assert latest_histories(out, 0).equals(state)
+
+
 def _count_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     reads: list[str] = []
 
