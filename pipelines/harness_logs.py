@@ -10,6 +10,13 @@ channel) end with it, printed by :data:`threading.excepthook`. Nothing is lost: 
 up only once the job is over, and a job that failed fails through its result (``wait_until_finish``),
 not through this stream. So this exact exception, and no other, is dropped (:func:`install`):
 a traceback on the terminal always means a failure.
+
+Prism ends a job its own way: once the job is done, Beam destroys the Prism process, and the
+harness's state-stream reader (the thread ``read_state`` of Beam's ``GrpcStateHandler``) may end
+with gRPC status UNAVAILABLE, ``Socket closed``, printed by :data:`threading.excepthook` (seen once
+in ~50 runs of a streaming job). That thread's end is dropped too, and only that thread's: a
+state stream that breaks mid-job also fails the bundle waiting on it (the handler keeps the
+exception and raises it to every request), so the job fails through its result anyway.
 """
 
 from __future__ import annotations
@@ -18,25 +25,39 @@ import logging
 import threading
 from typing import Any
 
-__all__ = ["HANG_UP", "install", "is_hang_up"]
+__all__ = ["HANG_UP", "STATE_READER", "install", "is_hang_up", "is_state_stream_closed"]
 
 #: The details of the gRPC status a Java runner closes the harness's data stream with.
 HANG_UP = "Multiplexer hanging up"
+#: The name of the SDK harness's thread that reads the state stream.
+STATE_READER = "read_state"
 _installed = False
 
 
 def is_hang_up(exc: BaseException | None) -> bool:
     """Whether ``exc`` is the runner closing the harness's data stream at the end of a job."""
+    status = _status(exc)
+    return status is not None and status[0] == "CANCELLED" and status[1] == HANG_UP
+
+
+def is_state_stream_closed(exc: BaseException | None, thread: str | None) -> bool:
+    """Whether ``exc`` ended the harness's state-stream reader (``thread``) as a runner's process went."""
+    status = _status(exc)
+    return thread == STATE_READER and status is not None and status[0] == "UNAVAILABLE" and "Socket closed" in status[1]
+
+
+def _status(exc: BaseException | None) -> tuple[str, str] | None:
+    """(the gRPC status code's name, the details) of ``exc``; None for anything but a gRPC error."""
     try:
         import grpc
     except ImportError:  # no Beam portable runner without grpc
-        return False
+        return None
     if not isinstance(exc, grpc.RpcError):
-        return False
+        return None
     code, details = getattr(exc, "code", None), getattr(exc, "details", None)
     if not (callable(code) and callable(details)):
-        return False
-    return bool(code() == grpc.StatusCode.CANCELLED and details() == HANG_UP)
+        return None
+    return str(getattr(code(), "name", "")), str(details() or "")
 
 
 class _DropHangUp(logging.Filter):
@@ -54,7 +75,8 @@ def install() -> None:
     previous = threading.excepthook
 
     def hook(args: Any) -> None:
-        if not is_hang_up(args.exc_value):
+        name = args.thread.name if args.thread is not None else None
+        if not (is_hang_up(args.exc_value) or is_state_stream_closed(args.exc_value, name)):
             previous(args)
 
     threading.excepthook = hook

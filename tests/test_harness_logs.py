@@ -37,11 +37,21 @@ def test_only_the_runner_hanging_up_is_taken_for_the_end_of_a_job() -> None:
     assert not harness_logs.is_hang_up(None)
 
 
-def _raise_in_thread(exc: BaseException) -> None:
+def test_only_the_state_reader_losing_its_runner_is_taken_for_the_end_of_a_prism_job() -> None:
+    closed = _Status(grpc.StatusCode.UNAVAILABLE, "Stream removed (Socket closed)")
+    assert harness_logs.is_state_stream_closed(closed, harness_logs.STATE_READER)
+    assert not harness_logs.is_state_stream_closed(closed, "read_grpc_client_inputs")
+    assert not harness_logs.is_state_stream_closed(_Status(grpc.StatusCode.UNAVAILABLE, "other"), "read_state")
+    assert not harness_logs.is_state_stream_closed(_Status(grpc.StatusCode.CANCELLED, "Socket closed"), "read_state")
+    assert not harness_logs.is_state_stream_closed(RuntimeError("Socket closed"), "read_state")
+    assert not harness_logs.is_hang_up(closed)
+
+
+def _raise_in_thread(exc: BaseException, name: str | None = None) -> None:
     def boom() -> None:
         raise exc
 
-    thread = threading.Thread(target=boom)
+    thread = threading.Thread(target=boom, name=name)
     thread.start()
     thread.join()
 
@@ -63,7 +73,10 @@ def test_the_hang_up_is_dropped_from_the_data_plane_log_and_thread_ends_and_othe
     assert [r.exc_info[1].__class__ for r in caplog.records if r.exc_info] == [ValueError]
     _raise_in_thread(_Status(grpc.StatusCode.CANCELLED, harness_logs.HANG_UP))
     _raise_in_thread(ValueError("a real failure"))
-    assert ended == [ValueError]
+    closed = _Status(grpc.StatusCode.UNAVAILABLE, "Stream removed (Socket closed)")
+    _raise_in_thread(closed, harness_logs.STATE_READER)  # Prism's process gone at the job's end
+    _raise_in_thread(closed, "some other thread")
+    assert ended == [ValueError, _Status]
 
 
 @pytest.mark.integration
