@@ -47,30 +47,40 @@ RUNNING_MODES = ("in_memory", "multi_threading", "multi_processing")
 
 def duration(text: str) -> float:
     """An argparse ``type``: seconds in ``text`` (``90s``, ``15m``, ``2h``, ``7d``; a bare number is seconds)."""
-    try:
-        seconds = parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
+    seconds = duration_or_zero(text)
     if seconds <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive duration; write e.g. 90s, 15m, 2h or 7d")
     return seconds
 
 
-def add_duration(parser: argparse.ArgumentParser, flag: str, default: str | None, help: str) -> None:
-    """A duration flag: ``default`` in the same syntax (``"30m"``), or None for no default."""
+def duration_or_zero(text: str) -> float:
+    """An argparse ``type``: as :func:`duration`, and 0 accepted (a flag where 0 means "at once")."""
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def add_duration(
+    parser: argparse.ArgumentParser, flag: str, default: str | None, help: str, *, zero_ok: bool = False
+) -> None:
+    """A duration flag: ``default`` in the same syntax (``"30m"``), or None for no default; ``zero_ok``
+    accepts 0 too."""
     shown = default if default is not None else "none"
     parser.add_argument(
         flag,
-        type=duration,
+        type=duration_or_zero if zero_ok else duration,
         default=None if default is None else parse_duration(default),
         metavar="DURATION",
         help=f"{help} (default: {shown})",
     )
 
 
-def add_setting_duration(parser: argparse.ArgumentParser, setting: settings.Duration, help: str) -> None:
+def add_setting_duration(
+    parser: argparse.ArgumentParser, setting: settings.Duration, help: str, *, zero_ok: bool = False
+) -> None:
     """A duration flag whose name and default come from :mod:`pipelines.settings`."""
-    add_duration(parser, setting.flag, setting.default, help)
+    add_duration(parser, setting.flag, setting.default, help, zero_ok=zero_ok)
 
 
 def in_range(setting: settings.Range, kind: Callable[[str], Any] = int) -> Callable[[str], Any]:

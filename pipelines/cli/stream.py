@@ -86,7 +86,13 @@ def add_arguments(parser: argparse.ArgumentParser, *, pairs: bool = False) -> No
     flags.add_topic_outputs(parser)
     flags.add_num_shards(parser, "the state keys")
     flags.add_max_history(parser)
-    flags.add_setting_duration(parser, settings.FLUSH_INTERVAL, "how long a user's new events wait before their flush")
+    flags.add_setting_duration(
+        parser,
+        settings.FLUSH_INTERVAL,
+        "how long a user's new events wait before their flush (0: each polled batch of them is merged as it "
+        "arrives, no timer: the lowest latency, a busy user's events coalesce only within a poll)",
+        zero_ok=True,
+    )
     flags.add_duration(
         parser, "--idle-exit", None, "finish when no message arrived for this long; without it, run until stopped"
     )

@@ -73,6 +73,12 @@ class StreamConfig:
     #: The job's clock (seconds since the epoch), read once per decoded batch; injectable for tests.
     clock: Callable[[], float] = time.time
 
+    @property
+    def flush_on_arrival(self) -> bool:
+        """``--flush-interval 0``: a user's events are merged as each polled batch of them arrives, with
+        no buffer and no timer (the lowest latency; a busy user's events coalesce only within a poll)."""
+        return self.flush_interval_s == 0
+
     def max_time_ms(self) -> int:
         """The latest event time accepted now."""
         return int((self.clock() + self.max_future_s) * 1000)
@@ -82,8 +88,10 @@ class StreamConfig:
             raise ConfigError("--group", "a topic and a consumer group are needed", "pass --topic and --group")
         NUM_SHARDS.check(self.num_shards)
         MAX_HISTORY.check(self.max_history)
-        if not 0.01 <= self.flush_interval_s <= 3600:
-            raise ConfigError("--flush-interval", f"got {self.flush_interval_s}", "pass 0.01..3600 seconds")
+        if not (self.flush_on_arrival or 0.01 <= self.flush_interval_s <= 3600):
+            raise ConfigError(
+                "--flush-interval", f"got {self.flush_interval_s}", "pass 0 (each arrival) or 0.01..3600 seconds"
+            )
         if not 1 <= self.broker_timeout_s <= 86_400:
             raise ConfigError("--broker-timeout", f"got {self.broker_timeout_s}", "pass 1 s .. 1 d")
         if self.idle_exit_s is not None and self.idle_exit_s <= 0:

@@ -75,6 +75,9 @@ log = logging.getLogger(__name__)
 
 ACKS, DEAD = "acks", "dead_letters"
 _END = 2**62
+#: On a quiet topic, the least time between two empty acknowledgements of a partition (they let its
+#: commits catch up); the flush interval when longer.
+QUIET_TICK_S = 0.25
 #: Set in the job's own process (SIGTERM on Prism, whose workers run there): every read ends, and the
 #: graph drains as at an idle exit: what was read is flushed, written and committed, then the job ends.
 DRAIN = threading.Event()
@@ -177,7 +180,7 @@ class _ReadPartitionFn(beam.DoFn):
         """On a quiet topic, now and then an empty table to every shard and an empty
         acknowledgement, so that buffered events are flushed and offsets committed."""
         now = time.monotonic()
-        if now - self._last_tick.get(partition, 0.0) >= self._config.flush_interval_s:
+        if now - self._last_tick.get(partition, 0.0) >= max(self._config.flush_interval_s, QUIET_TICK_S):
             self._last_tick[partition] = now
             yield TaggedOutput(ACKS, (partition, np.zeros(0, np.int64)))
 

@@ -16,6 +16,11 @@ the runner's state requests per flush at four (an append per batch; a read, a cl
 and an append per flush): each is a round trip from the SDK worker to the runner,
 and on Prism they were most of a flush's time.
 
+With ``flush_interval_s`` 0 (``--flush-interval 0``) there is no buffer and no timer: each
+arriving table is merged at once (a read, a clear and an append), so nothing waits on the
+watermark; a bundle may then flush a user twice, and its rows keep their order in the flush
+file, where readers take the last.
+
 When the watermark passes the timer (or the input ends), the buffer is merged
 into the history by :func:`pipelines.streaming.user_merge.merge_user`, one user's
 merge equal to the batch job's (late events go to their place by event time,
@@ -203,13 +208,17 @@ class AppendUserHistoryFn(beam.DoFn):
         element: tuple[int, pa.Table],
         stamp: Any = beam.DoFn.TimestampParam,
         state: Any = USER_STATE,
+        reps: Any = REPS_STATE,
         flush: Any = FLUSH,
-    ) -> Iterator[Flushed | TaggedOutput]:
+    ) -> Iterator[Flushed | FlushedWithReps | TaggedOutput]:
         user, table = element
         if not table.num_rows:
             return
         if is_candidate_sets(table):  # they meet the user's freshest state: see pipelines.streaming.pairs
             yield TaggedOutput(PAIRS, (self._row_for(user, table, state), table))
+            return
+        if self._config.flush_on_arrival:  # no buffer, no timer: merged now
+            yield from self._flush(user, state, reps, arrived=table)
             return
         state.add((EVENTS, table))
         slot = flush_slot(Timestamp.of(stamp).micros, self._config.flush_interval_s)
@@ -242,8 +251,16 @@ class AppendUserHistoryFn(beam.DoFn):
     def on_flush(
         self, user: Any = KEY, state: Any = USER_STATE, reps: Any = REPS_STATE
     ) -> Iterator[Flushed | FlushedWithReps]:
+        yield from self._flush(user, state, reps)
+
+    def _flush(
+        self, user: int, state: Any, reps: Any, arrived: pa.Table | None = None
+    ) -> Iterator[Flushed | FlushedWithReps]:
+        """Merge the user's buffered events (and ``arrived``, events not buffered) into its history."""
         held = list(state.read())
         tables = [t for kind, t in held if kind == EVENTS and t.num_rows]
+        if arrived is not None:
+            tables.append(arrived)
         if not tables:  # an earlier slot's flush took them
             return
         started = time.perf_counter()

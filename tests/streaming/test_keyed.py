@@ -70,3 +70,77 @@ def test_sets_all_past_their_deadline_skip_the_state_read(tmp_path: Path) -> Non
     live = candidate_sets([("a", 7, "early", now - 5_000, now - 1_000, [1]), ("b", 7, "early", now, now + 60_000, [2])])
     with pytest.raises(AssertionError, match="was read"):  # one set in time: its user's state is read
         step._row_for(7, live, _UnreadableState())
+
+
+class _Bag:
+    """A user's bag in memory, as the runner keeps it: read, add, clear."""
+
+    def __init__(self) -> None:
+        self.items: list = []
+
+    def read(self) -> list:
+        return list(self.items)
+
+    def add(self, item: object) -> None:
+        self.items.append(item)
+
+    def clear(self) -> None:
+        self.items = []
+
+
+class _Timer:
+    def __init__(self) -> None:
+        self.set_at: list[int] = []
+
+    def set(self, at: object, dynamic_timer_tag: str = "") -> None:
+        self.set_at.append(at.micros)  # type: ignore[attr-defined]
+
+
+def _arrivals(user: int, batches: list[list[tuple[str, int]]]) -> list[pa.Table]:
+    """Each batch of (event_id, t) as the reader emits it: one user's EVENT rows with their offsets."""
+    from pipelines.streaming.state import OFFSET, PARTITION
+
+    out, offset = [], 0
+    for batch in batches:
+        table = events_table([event(e, user, t) for e, t in batch])
+        offsets = np.arange(offset, offset + len(batch), dtype=np.int64)
+        offset += len(batch)
+        table = table.append_column(PARTITION, pa.array(np.zeros(len(batch), np.int32)))
+        out.append(table.append_column(OFFSET, pa.array(offsets)))
+    return out
+
+
+def test_flush_on_arrival_merges_each_batch_at_once_and_equals_the_timer_flush(tmp_path: Path) -> None:
+    from pipelines.streaming.config import StreamConfig
+    from pipelines.streaming.keyed import ROW, AppendUserHistoryFn
+
+    batches = _arrivals(7, [[("a", 300), ("b", 100)], [("c", 200), ("a", 300)], [("d", 50)]])  # late, duplicate
+    now = AppendUserHistoryFn(StreamConfig(topic="t", output=str(tmp_path), group="g", flush_interval_s=0))
+    bag, timer, flushed = _Bag(), _Timer(), []
+    for table in batches:
+        out: list = list(now.process((7, table), stamp=1_000, state=bag, reps=None, flush=timer))
+        assert len(out) == 1 and [kind for kind, _ in bag.items] == [ROW]  # merged now: nothing buffered
+        flushed.append(out[0])
+    assert timer.set_at == []
+    assert [acks[0][1].tolist() for _, acks in flushed] == [[0, 1], [2, 3], [4]]  # each batch acknowledged
+    ids = [e["event_id"] for e in flushed[-1][0].column("events")[0].as_py()]
+    assert ids == ["d", "b", "c", "a"]  # late events in their place, the redelivered "a" once
+
+    later = AppendUserHistoryFn(StreamConfig(topic="t", output=str(tmp_path), group="g", flush_interval_s=1))
+    bag2, timer2 = _Bag(), _Timer()
+    for table in batches:
+        assert list(later.process((7, table), stamp=1_000, state=bag2, reps=None, flush=timer2)) == []
+    assert len(timer2.set_at) == 3
+    (row, acks), *_ = list(later.on_flush(user=7, state=bag2, reps=None))  # type: ignore[misc]
+    assert row.equals(flushed[-1][0]) and acks[0][1].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_a_zero_flush_interval_is_accepted_and_a_negative_one_refused(tmp_path: Path) -> None:
+    from pipelines.errors import ConfigError
+    from pipelines.streaming.config import StreamConfig
+
+    assert StreamConfig(topic="t", output=str(tmp_path), group="g", flush_interval_s=0).flush_on_arrival
+    assert not StreamConfig(topic="t", output=str(tmp_path), group="g").flush_on_arrival
+    for bad in (-1.0, 0.001, 4000.0):
+        with pytest.raises(ConfigError, match="--flush-interval"):
+            StreamConfig(topic="t", output=str(tmp_path), group="g", flush_interval_s=bad)

@@ -54,25 +54,27 @@ def test_streaming_equals_replay_and_commits_everything(
     assert sum(c or 0 for c in committed(kafka, topic, group, 3)) == len(lines)
 
 
+@pytest.mark.parametrize("flush", ["0.3", "0"])  # a timer per slot; each arrival merged at once
 def test_a_skewed_topic_with_one_user_holding_a_tenth_of_the_events_equals_replay(
-    kafka: KafkaConnection, make_topic: MakeTopic, tmp_path: Path, prism: str
+    kafka: KafkaConnection, make_topic: MakeTopic, tmp_path: Path, prism: str, flush: str
 ) -> None:
+    """The hot user is flushed many times, often twice in one bundle when flushed on arrival."""
     lines = skewed(generate(tmp_path, 80, seed=23))
     topic, group = make_topic(3), f"g-{uuid.uuid4().hex[:8]}"
     produce(kafka, topic, lines, keys=keyed(lines))
     out = tmp_path / "stream"
-    _stream_to_idle(topic, group, out)
+    _stream_to_idle(topic, group, out, "--flush-interval", flush)
     streamed = latest_histories(str(out))
     assert 999_999 in streamed.column("user_id").to_pylist()
     same_histories(streamed, replay(topic, tmp_path / "batch"))
     assert sum(c or 0 for c in committed(kafka, topic, group, 3)) == len(lines)
 
 
-def _stream_to_idle(topic: str, group: str, out: Path) -> None:
+def _stream_to_idle(topic: str, group: str, out: Path, *extra: str) -> None:
     """Run the streaming job until the topic has been idle for 3 s; it must exit cleanly, and a clean run
     logs no traceback (Prism's FinalizeBundle for bundles that registered nothing logged dozens)."""
     done = subprocess.run(
-        stream_cmd(topic, group, out, "--idle-exit", "3"), capture_output=True, text=True, timeout=240
+        stream_cmd(topic, group, out, "--idle-exit", "3", *extra), capture_output=True, text=True, timeout=240
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr and "finalizable" not in done.stderr, done.stderr[-3000:]
