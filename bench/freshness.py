@@ -2,9 +2,10 @@
 history visible on disk, and → its user's representation in the online store (a real Redis), on
 Prism and on Flink at parallelism 2.
 
-Starts ``python -m pipelines stream`` (flush interval FLUSH_S, default 0: each arrival merged at
-once; FRESH_FLUSH_S sets it) with ``--model`` (an untrained
-model of the default GemConfig, seeded: inference costs the same whatever the weights) and
+Starts ``python -m pipelines stream`` (``--flush-interval``: on Flink 0, each arrival merged at
+once; on Prism 0.25 s slots, where merging on arrival was 3x slower; FRESH_FLUSH_S sets both)
+with ``--model`` (an untrained model of the default GemConfig, seeded: inference costs the same
+whatever the weights) and
 ``--store`` (Redis, a fresh namespace), produces events at a steady RATE (kafka-python sink,
 acks=all) and watches both ends:
 
@@ -56,8 +57,17 @@ from bench.common import QUICK, WORK, kafka_connection, result, untrained_model 
 from bench.flink_parts import OwnFlink, own_flink, own_flink_missing, stop_job  # noqa: E402
 
 BOUND_S = 1.0
-#: ``--flush-interval``: 0 merges each arrival at once (no timer), the lowest latency; FRESH_FLUSH_S=0.25 for slots.
-FLUSH_S = float(os.environ.get("FRESH_FLUSH_S", "0"))
+#: ``--flush-interval`` per runner (0: each arrival merged at once, no timer): Flink's lowest latency, and
+#: Prism's slowest (each arrival's state read is a blocking round trip there: p99 99.7 s vs 32.1 s at 2,000/s).
+FLUSH_S = {"prism": 0.25, "flink": 0.0}
+
+
+def flush_s(runner: str) -> float:
+    """The flush interval of the job on ``runner`` ("prism" or "flink"); FRESH_FLUSH_S sets both."""
+    given = os.environ.get("FRESH_FLUSH_S")
+    return float(given) if given else FLUSH_S[runner]
+
+
 POLL_S = 0.2
 RATES = [int(r) for r in os.environ.get("FRESH_RATE", "500" if QUICK else "2000").split(",")]
 SECONDS = 20 if QUICK else 60
@@ -152,6 +162,7 @@ class Legs(NamedTuple):
     history_missing: int
     store: np.ndarray
     store_missing: int
+    flush_s: float
 
     def p99(self) -> tuple[float, float]:
         """(history p99, store p99); infinite for a leg that lost events."""
@@ -184,7 +195,7 @@ def report(suffix: str, runner: str, runs: list[Legs]) -> None:
     for legs in runs:
         print(
             f"{runner}: events: {legs.rate * SECONDS} at {legs.rate}/s for {SECONDS} s over {USERS} users; "
-            f"flush interval {FLUSH_S} s, store read every {POLL_S} s",
+            f"flush interval {legs.flush_s} s, store read every {POLL_S} s",
             flush=True,
         )
         _percentiles("history visible", legs.history, legs.history_missing)
@@ -206,7 +217,7 @@ def report(suffix: str, runner: str, runs: list[Legs]) -> None:
         f"freshness{suffix}",
         BOUND_S / history_p99,
         1,
-        f"p99 {history_p99:.2f} s, p50 {_p50(chosen.history):.2f} s {at}, {runner}, flush {FLUSH_S} s; "
+        f"p99 {history_p99:.2f} s, p50 {_p50(chosen.history):.2f} s {at}, {runner}, flush {chosen.flush_s} s; "
         f"{chosen.history_missing} events missing; load average {load}",
     )
 
@@ -225,6 +236,7 @@ def measure(rate: int, cluster: OwnFlink | None = None) -> Legs:
     connection = kafka_connection()
     bootstrap = connection.bootstrap
     topic, group = f"bench-fresh-{uuid.uuid4().hex[:8]}", f"bench-fresh-{uuid.uuid4().hex[:8]}"
+    flush = flush_s("flink" if cluster else "prism")
     out, model = WORK / "freshness" / topic, WORK / "freshness" / f"{topic}-model"  # the model outside the output
     out.mkdir(parents=True, exist_ok=True)
     ensure_topic(connection, topic, 4)
@@ -244,7 +256,7 @@ def measure(rate: int, cluster: OwnFlink | None = None) -> Legs:
             "--num-shards",
             "4",
             "--flush-interval",
-            str(FLUSH_S),
+            str(flush),
             "--bootstrap-servers",
             bootstrap,
             "--model",
@@ -311,7 +323,7 @@ def measure(rate: int, cluster: OwnFlink | None = None) -> Legs:
         print(f"not visible: {missing} events, indices {gone[:3]} .. {gone[-3:]}")
     in_store = {e: stored.visible(*sent_by[e]) for e in sent}
     store_lat = np.asarray([at - sent[e] for e, at in in_store.items() if at is not None])
-    return Legs(rate, lat, missing, store_lat, len(sent) - len(store_lat))
+    return Legs(rate, lat, missing, store_lat, len(sent) - len(store_lat), flush)
 
 
 if __name__ == "__main__":
