@@ -60,18 +60,16 @@ BOUND_S = 1.0
 #: ``--flush-interval`` per runner (0: each arrival merged at once, no timer): Flink's lowest latency, and
 #: Prism's slowest (each arrival's state read is a blocking round trip there: p99 99.7 s vs 32.1 s at 2,000/s).
 FLUSH_S = {"prism": 0.25, "flink": 0.0}
+POLL_S = 0.2
+RATES = [int(r) for r in os.environ.get("FRESH_RATE", "500" if QUICK else "2000").split(",")]
+SECONDS = 20 if QUICK else 60
+USERS = 2_000
 
 
 def flush_s(runner: str) -> float:
     """The flush interval of the job on ``runner`` ("prism" or "flink"); FRESH_FLUSH_S sets both."""
     given = os.environ.get("FRESH_FLUSH_S")
     return float(given) if given else FLUSH_S[runner]
-
-
-POLL_S = 0.2
-RATES = [int(r) for r in os.environ.get("FRESH_RATE", "500" if QUICK else "2000").split(",")]
-SECONDS = 20 if QUICK else 60
-USERS = 2_000
 
 
 def _event(i: int, now_ms: int, rng: np.random.Generator) -> tuple[bytes, bytes]:

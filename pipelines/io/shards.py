@@ -36,18 +36,33 @@ def split_by(table: pa.Table, keys: np.ndarray) -> list[tuple[int, pa.Table]]:
     return [(int(ordered[s]), taken.slice(s, e - s)) for s, e in zip(starts, ends, strict=True)]
 
 
-def newest_per_user(tables: list[pa.Table]) -> pa.Table:
+def newest_per_user(tables: list[pa.Table], empty: pa.Table) -> pa.Table:
     """Rows with a ``user_id``, one per user, sorted by user: each user's **last** row across ``tables``
     in order (a later table, and a later row of one table, is newer: a bundle writes a user flushed
-    twice in it in the order of its flushes). Tables of one layout, cast to the last one's schema."""
-    tables = [t for t in tables if t.num_rows]
-    if not tables:
-        raise ValueError("newest_per_user needs at least one row (the caller knows its empty layout)")
-    table = pa.concat_tables([t.cast(tables[-1].schema) for t in tables])
+    twice in it in the order of its flushes); ``empty`` when no table has a row. Tables of one
+    layout, cast to the last one's schema."""
+    table = _concat(tables, empty)
     users = table.column("user_id").to_numpy()
     order = np.lexsort((-np.arange(len(users)), users))  # by user, the last row first
-    first = np.r_[True, users[order][1:] != users[order][:-1]]
+    ordered = users[order]
+    first = np.r_[True, ordered[1:] != ordered[:-1]] if len(ordered) else np.zeros(0, bool)
     return table.take(pa.array(order[first]))
+
+
+def once_per_user(tables: list[pa.Table], empty: pa.Table) -> pa.Table:
+    """The rows of ``tables`` with each user once, its last row: :func:`newest_per_user`, but the rows
+    as they are (no sort, no copy) when no user repeats, the common case of a bundle's changed rows."""
+    table = _concat(tables, empty)
+    users = table.column("user_id").to_numpy()
+    return table if len(np.unique(users)) == len(users) else newest_per_user([table], empty)
+
+
+def _concat(tables: list[pa.Table], empty: pa.Table) -> pa.Table:
+    tables = [t for t in tables if t.num_rows]
+    if not tables:
+        return empty
+    schema = tables[-1].schema
+    return pa.concat_tables([t if t.schema.equals(schema) else t.cast(schema) for t in tables])
 
 
 #: How a shard's folder is named inside a kind's folder (``histories/shard=00007/``).

@@ -172,9 +172,7 @@ def stored_reps(row: pa.Table) -> tuple[np.ndarray, np.ndarray]:
 def newest_rep_rows(tables: list[pa.Table]) -> pa.Table:
     """REP_HISTORY rows sorted by user: each user's last row over ``tables`` in order
     (:func:`pipelines.io.shards.newest_per_user`)."""
-    if not any(t.num_rows for t in tables):
-        return REP_HISTORY.schema.empty_table()
-    return newest_per_user(tables)
+    return newest_per_user(tables, REP_HISTORY.schema.empty_table())
 
 
 def _rep_files(folder: str, shard: int | None) -> list[Path]:

@@ -71,7 +71,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from pipelines.io.arrow_coder import ArrowTableCoder
 from pipelines.io.kafka.config import KafkaConnection
-from pipelines.io.shards import split_by, split_by_shard
+from pipelines.io.shards import once_per_user, split_by, split_by_shard
 from pipelines.schemas.layouts import HISTORY
 from pipelines.streaming.acks import open_sink
 from pipelines.streaming.config import StreamConfig
@@ -82,7 +82,6 @@ from pipelines.streaming.state import (
     append_flush,
     compact_shard,
     latest_histories,
-    newest_rows,
     offsets_by_partition,
 )
 from pipelines.streaming.user_merge import merge_user
@@ -324,7 +323,7 @@ class WriteHistoriesFn(beam.DoFn):
     def finish_bundle(self) -> Iterator[WindowedValue]:  # of Flushed
         if not self._acks:
             return
-        changed = newest_rows([r.select(HISTORY.schema.names) for r in self._rows])  # a user flushed twice: once
+        changed = once_per_user([r.select(HISTORY.schema.names) for r in self._rows], _EMPTY)  # flushed twice: once
         shards = split_by_shard(changed, self._config.num_shards)
         for shard, rows in shards:
             append_flush(rows, self._config.output, shard)

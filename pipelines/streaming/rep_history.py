@@ -37,7 +37,7 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.shared import Shared
 from apache_beam.utils.windowed_value import WindowedValue
 
-from pipelines.io.shards import split_by_shard, user_shard
+from pipelines.io.shards import once_per_user, split_by_shard, user_shard
 from pipelines.model.gem import GemModel
 from pipelines.model.inputs import HistoryIndex
 from pipelines.model.rep_history import (
@@ -45,7 +45,6 @@ from pipelines.model.rep_history import (
     RepHistory,
     compute_rep_history,
     latest_rep_history,
-    newest_rep_rows,
     rep_history_layout,
     rep_history_table,
     stored_reps,
@@ -186,7 +185,7 @@ class WriteRepHistoriesFn(beam.DoFn):
     def finish_bundle(self) -> Iterator[WindowedValue]:
         rows = [reps for (_, _, reps), _ in self._held if reps.num_rows]
         if rows:
-            table = newest_rep_rows(rows)  # a user flushed twice in the bundle: its last row
+            table = once_per_user(rows, rows[0].slice(0, 0))  # a user flushed twice in the bundle: its last row
             layout = rep_history_layout(table.schema.field("events").type.value_type.field("embedding").type.list_size)
             for shard, part in split_by_shard(table, self._config.num_shards):
                 write_flush(part, flush_path(self._config.output, shard, folder=REP_HISTORY_KIND), layout)

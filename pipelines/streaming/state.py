@@ -531,6 +531,4 @@ def latest_histories(output: str, shard: int | None = None) -> pa.Table:
 def newest_rows(tables: list[pa.Table]) -> pa.Table:
     """HISTORY rows sorted by user: each user's last row over ``tables`` in order
     (:func:`pipelines.io.shards.newest_per_user`)."""
-    if not any(t.num_rows for t in tables):
-        return HISTORY.schema.empty_table()
-    return conform(newest_per_user(tables), HISTORY)
+    return conform(newest_per_user(tables, HISTORY.schema.empty_table()), HISTORY)

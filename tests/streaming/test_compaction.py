@@ -14,7 +14,8 @@ import pyarrow as pa
 import pytest
 
 from pipelines.io.kafka.config import KafkaConnection
-from pipelines.io.parquet import read_table
+from pipelines.io.parquet import conform, read_table
+from pipelines.io.shards import once_per_user
 from pipelines.schemas.layouts import HISTORY
 from pipelines.streaming import state as state_module
 from pipelines.streaming.state import (
@@ -102,6 +103,15 @@ def test_a_user_flushed_twice_into_one_file_reads_as_its_last_row(tmp_path: Path
     write_flush(b.slice(0, 0), flush_path(out, 0, clock_ns=2))
     compact_shard(out, 0, fanout=2)
     assert latest_histories(out, 0).equals(state)
+
+
+def test_a_bundles_rows_keep_their_order_unless_a_user_repeats() -> None:
+    """``once_per_user`` (the history sinks' per-bundle step) copies nothing when every user is once."""
+    (a, _), (b, state) = _flushes(7, 2)
+    backwards = a.take(pa.array(np.arange(a.num_rows)[::-1]))
+    assert a.num_rows > 1 and once_per_user([backwards], a.slice(0, 0)).equals(backwards)
+    assert conform(once_per_user([a, b], a.slice(0, 0)), HISTORY).equals(state)
+    assert once_per_user([a.slice(0, 0)], a.slice(0, 0)).num_rows == 0
 
 
 def _count_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
