@@ -6,10 +6,15 @@ Paths go through Beam's ``FileSystems`` so the same code writes local paths and
 
 from __future__ import annotations
 
+import os
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
@@ -93,3 +98,58 @@ def check_layout(schema: pa.Schema, layout: Layout, where: str) -> None:
         raise LayoutError(f"{where}: no layout metadata; expected {layout.name} v{layout.version}")
     if found != (layout.name, layout.version):
         raise LayoutError(f"{where}: layout {found[0]} v{found[1]}, expected {layout.name} v{layout.version}")
+
+
+def rows_of_user(path: str, user: int, layout: Layout) -> pa.Table:
+    """The rows of ``user`` in the local Parquet file ``path`` (with a ``user_id`` column), checked
+    against ``layout``: only the row groups whose ``user_id`` statistics can hold it are read, so a
+    file sorted by user costs one row group, not the file. Footers are kept (:data:`FOOTERS` files)."""
+    footer = _footer(path, layout)
+    groups = np.flatnonzero((footer.low <= user) & (user <= footer.high)).tolist()
+    if not groups:
+        return footer.schema.empty_table()
+    table = pq.ParquetFile(path, metadata=footer.meta).read_row_groups(groups)
+    return table.filter(pc.equal(table.column("user_id"), user))
+
+
+#: Parquet footers :func:`rows_of_user` keeps, with their row groups' ``user_id`` ranges.
+FOOTERS = 256
+
+
+class _Footer(NamedTuple):
+    meta: pq.FileMetaData
+    schema: pa.Schema
+    low: np.ndarray  # per row group, the least user_id it can hold
+    high: np.ndarray
+
+
+_FOOTERS: OrderedDict[tuple[str, int, int], _Footer] = OrderedDict()
+_FOOTERS_LOCK = threading.Lock()
+
+
+def _footer(path: str, layout: Layout) -> _Footer:
+    """``path``'s footer, read once per (path, size, mtime): a rewritten file is read again."""
+    stat = os.stat(path)
+    key = (path, stat.st_size, stat.st_mtime_ns)
+    with _FOOTERS_LOCK:
+        found = _FOOTERS.get(key)
+        if found is not None:
+            _FOOTERS.move_to_end(key)
+            return found
+    meta = pq.read_metadata(path)
+    schema = meta.schema.to_arrow_schema()
+    check_layout(schema, layout, path)
+    column = schema.get_field_index("user_id")
+    bounds = np.iinfo(np.int64)
+    low = np.full(meta.num_row_groups, bounds.min, np.int64)
+    high = np.full(meta.num_row_groups, bounds.max, np.int64)
+    for g in range(meta.num_row_groups):
+        stats = meta.row_group(g).column(column).statistics
+        if stats is not None and stats.has_min_max:  # without statistics a group can hold anyone
+            low[g], high[g] = stats.min, stats.max
+    found = _Footer(meta, schema, low, high)
+    with _FOOTERS_LOCK:
+        _FOOTERS[key] = found
+        while len(_FOOTERS) > FOOTERS:
+            _FOOTERS.popitem(last=False)
+    return found

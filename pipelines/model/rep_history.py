@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from pipelines.io.parquet import read_table
+from pipelines.io.parquet import read_table, rows_of_user
 from pipelines.io.shards import SHARD_DIR, SHARD_GLOB, newest_per_user
 from pipelines.model.gem import GemModel
 from pipelines.model.inputs import HistoryIndex
@@ -43,8 +43,10 @@ __all__ = [
     "latest_rep_history",
     "newest_rep_rows",
     "rep_history_layout",
+    "rep_history_of",
     "rep_history_table",
     "rep_sequences",
+    "rep_shard_bytes",
     "stored_reps",
 ]
 
@@ -182,6 +184,17 @@ def _rep_files(folder: str, shard: int | None) -> list[Path]:
     parts = sorted(f for f in files if f.name.startswith("part-"))
     flushes = sorted((f for f in files if f.name.startswith("flush-")), key=lambda f: f.name)
     return parts + flushes
+
+
+def rep_history_of(folder: str, shard: int, user: int) -> pa.Table:
+    """``user``'s newest REP_HISTORY row in the shard's files (0 or 1 rows), reading only the row
+    groups that can hold it (:func:`pipelines.io.parquet.rows_of_user`)."""
+    return newest_rep_rows([rows_of_user(str(f), user, REP_HISTORY) for f in _rep_files(folder, shard)])
+
+
+def rep_shard_bytes(folder: str, shard: int) -> int:
+    """The bytes on disk of the shard's REP_HISTORY files."""
+    return sum(f.stat().st_size for f in _rep_files(folder, shard))
 
 
 def latest_rep_history(folder: str, shard: int | None = None) -> pa.Table:

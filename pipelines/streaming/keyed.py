@@ -42,10 +42,11 @@ The runner checkpoints this state (Flink: ``--checkpointing_interval`` and its
 state backend, RocksDB incremental on the local cluster) with the readers'
 positions, so a restart from a checkpoint resumes both consistently. A user first
 seen by a job started afresh (no checkpoint) gets its earlier history from the
-flush files through :class:`FirstSight`: a per-worker cache of at most
-``FIRST_SIGHT_SHARDS`` shards, each loaded once (the newest row per user). It is
-consulted only when the user's keyed state is empty, so its staleness never
-matters: every row this job wrote since belongs to a user that now has state.
+flush files through :class:`FirstSight`: a small shard is loaded once into a per-worker
+cache of at most ``FIRST_SIGHT_SHARDS`` shards; a shard over ``WHOLE_SHARD_BYTES`` is read
+per user (the Parquet row groups that can hold the user). It is consulted only when
+the user's keyed state is empty, so its staleness never matters: every row this job
+wrote since belongs to a user that now has state.
 """
 
 from __future__ import annotations
@@ -81,8 +82,10 @@ from pipelines.streaming.state import (
     ShardHistories,
     append_flush,
     compact_shard,
+    history_of,
     latest_histories,
     offsets_by_partition,
+    shard_bytes,
 )
 from pipelines.streaming.user_merge import merge_user
 
@@ -100,6 +103,8 @@ __all__ = [
 
 #: Shards a worker keeps loaded to answer "what did the flush files hold for this new user".
 FIRST_SIGHT_SHARDS = 64
+#: A shard whose files hold more bytes than this is read per user on first sight, not loaded whole.
+WHOLE_SHARD_BYTES = 8 << 20
 
 # Beam takes state and timers as parameter defaults; module-level specs keep that readable.
 _TABLES = ArrowTableCoder(compress_from_bytes=None)
@@ -160,30 +165,42 @@ def _load_histories(output: str, shard: int) -> ShardHistories:
 class FirstSight:
     """Each user's row in the flush files, for users a fresh job meets for the first time.
 
-    A bounded LRU of whole shards (``max_shards``), each read once per worker: the flush
-    files are sorted by time, not by user, so a per-user read would open every file of the
-    shard anyway; loading the shard once makes each later first sight a dictionary lookup.
-    ``load(output, shard)`` reads a shard (default: its histories).
+    A small shard (its files at most ``whole_bytes`` on disk) is loaded whole, once per worker,
+    into a bounded LRU (``max_shards``): its later first sights are dictionary lookups. A bigger
+    shard is read per user (``read_user``: the row groups that can hold the user), so a first
+    sight never costs a shard that grows with its users, and the memory stays bounded.
+    ``load(output, shard)`` reads a shard whole; ``size(output, shard)`` gives its bytes on disk.
     """
 
     def __init__(
-        self, max_shards: int = FIRST_SIGHT_SHARDS, load: Callable[[str, int], Rows] = _load_histories
+        self,
+        max_shards: int = FIRST_SIGHT_SHARDS,
+        load: Callable[[str, int], Rows] = _load_histories,
+        read_user: Callable[[str, int, int], pa.Table] = history_of,
+        size: Callable[[str, int], int] = shard_bytes,
+        whole_bytes: int = WHOLE_SHARD_BYTES,
     ) -> None:
-        self._max, self._load = max_shards, load
+        self._max, self._load, self._read_user, self._size = max_shards, load, read_user, size
+        self._whole_bytes = whole_bytes
         self._shards: OrderedDict[tuple[str, int], Rows] = OrderedDict()
+        self._per_user: set[tuple[str, int]] = set()  # shards found too big to load whole
         self._lock = threading.Lock()
 
     def row_of(self, output: str, shard: int, user: int) -> pa.Table:
         key = (output, shard)
         with self._lock:
-            loaded = self._shards.get(key)
-            if loaded is None:
-                loaded = self._load(output, shard)
-                self._shards[key] = loaded
-                while len(self._shards) > self._max:
-                    self._shards.popitem(last=False)
-            self._shards.move_to_end(key)
-            return loaded.rows_of([user])
+            if key not in self._per_user:
+                loaded = self._shards.get(key)
+                if loaded is None and self._size(output, shard) > self._whole_bytes:
+                    self._per_user.add(key)
+                else:
+                    if loaded is None:
+                        loaded = self._shards[key] = self._load(output, shard)
+                        while len(self._shards) > self._max:
+                            self._shards.popitem(last=False)
+                    self._shards.move_to_end(key)
+                    return loaded.rows_of([user])
+        return self._read_user(output, shard, user)
 
 
 _FIRST_SIGHT = FirstSight()

@@ -46,7 +46,9 @@ from pipelines.model.rep_history import (
     compute_rep_history,
     latest_rep_history,
     rep_history_layout,
+    rep_history_of,
     rep_history_table,
+    rep_shard_bytes,
     stored_reps,
 )
 from pipelines.streaming.config import StreamConfig
@@ -124,7 +126,7 @@ class RepRows:
 
 
 #: Per worker process, like the histories' first sight (:data:`pipelines.streaming.keyed.FIRST_SIGHT_SHARDS`).
-_FIRST_SIGHT = FirstSight(load=RepRows.load)
+_FIRST_SIGHT = FirstSight(load=RepRows.load, read_user=rep_history_of, size=rep_shard_bytes)
 
 
 class _Model:

@@ -47,6 +47,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -54,13 +55,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipelines.features.histories import build_histories
-from pipelines.io.parquet import conform, read_table
+from pipelines.io.parquet import conform, read_table, rows_of_user
 from pipelines.io.shards import SHARD_DIR, SHARD_GLOB, newest_per_user, shard_dir, shard_path
 from pipelines.io.snapshot import HISTORIES
 from pipelines.schemas.layouts import EVENT, HISTORY, Layout
 
 __all__ = [
     "COMPACT_FANOUT",
+    "ROW_GROUP_ROWS",
     "FlushFile",
     "OffsetLedger",
     "ShardHistories",
@@ -70,19 +72,27 @@ __all__ = [
     "compact_shard",
     "flush_path",
     "has_flush_files",
+    "history_of",
     "latest_histories",
     "merge_shard",
     "newest_rows",
     "next_merge",
     "path_lock",
+    "shard_bytes",
     "write_flush",
 ]
+
+T = TypeVar("T")
 
 #: :class:`ShardHistories` compacts its chunks once it holds this many.
 MAX_FLUSH_FILES = 256
 
 #: A shard's files of one tier are merged into one once this many follow each other.
 COMPACT_FANOUT = 4
+
+#: Rows per Parquet row group of the flush files: a merged file is sorted by user, so reading one
+#: user's row (:func:`history_of`) costs a group of this many rows, not the file.
+ROW_GROUP_ROWS = 128
 
 #: Columns the stream adds to EVENT tables so that flushed events can be acknowledged.
 PARTITION, OFFSET = "_partition", "_offset"
@@ -232,14 +242,35 @@ def _read_current(
     """The current files, how many of them a reader already holds (``held``) and the tables of the
     others; lists again when a listed file was merged away meanwhile (each retry means a compaction
     finished)."""
-    for _ in range(1000):
-        files = _shard_files(output, shard)
+
+    def read(files: list[Path]) -> tuple[list[Path], int, list[pa.Table]]:
         skip = held(files)
+        return files, skip, [read_table(str(f), HISTORY) for f in files[skip:]]
+
+    return _listed(output, shard, read)
+
+
+def _listed(output: str, shard: int | None, read: Callable[[list[Path]], T]) -> T:
+    """``read`` of the current files; lists again when a listed file was merged away meanwhile
+    (each retry means a compaction finished)."""
+    for _ in range(1000):
         try:
-            return files, skip, [read_table(str(f), HISTORY) for f in files[skip:]]
+            return read(_shard_files(output, shard))
         except FileNotFoundError:
             continue
     raise RuntimeError(f"{output}: shard {shard}'s files kept changing while being read")
+
+
+def history_of(output: str, shard: int, user: int) -> pa.Table:
+    """``user``'s newest row in the shard's files (0 or 1 rows), reading only the row groups that
+    can hold it: merged files are sorted by user in groups of ``ROW_GROUP_ROWS``, so the cost is
+    a row group per file, whatever the number of users in the shard."""
+    return _listed(output, shard, lambda files: newest_rows([rows_of_user(str(f), user, HISTORY) for f in files]))
+
+
+def shard_bytes(output: str, shard: int) -> int:
+    """The bytes on disk of the shard's current files."""
+    return _listed(output, shard, lambda files: sum(f.stat().st_size for f in files))
 
 
 def _held(seen: Sequence[Path], listed: Sequence[Path]) -> int | None:
@@ -407,7 +438,7 @@ def write_flush(table: pa.Table, path: str, layout: Layout = HISTORY) -> str:
 
 def _write_synced(table: pa.Table, path: Path, layout: Layout = HISTORY) -> None:
     with open(path, "wb") as f:
-        pq.write_table(conform(table, layout), f, compression="zstd")
+        pq.write_table(conform(table, layout), f, compression="zstd", row_group_size=ROW_GROUP_ROWS)
         f.flush()
         os.fsync(f.fileno())
 

@@ -1,8 +1,9 @@
-"""The per-user keyed step's pure parts: cutting a batch by user, the flush slots, and the first-sight cache."""
+"""The per-user keyed step's pure parts: cutting a batch by user, the flush slots, and the first sight."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -34,12 +35,18 @@ def test_flush_slots_are_aligned_and_every_stamp_flushes_within_one_interval() -
         assert flush_slot(slot.end_micros - 1, 0.3) == slot  # every stamp of a slot shares its timer
 
 
-def test_first_sight_reads_the_users_newest_row_and_keeps_few_shards(tmp_path: Path) -> None:
+def _two_flushes(tmp_path: Path) -> str:
+    """Shard 0 of an output with two flush files: user 7 in both (2 events in all), user 8 in the first."""
     out = str(tmp_path)
     first = merge_shard(events_table([event("a", 7, 100), event("b", 8, 100)]), None, max_history=5)
     write_flush(first.changed, flush_path(out, 0, 1))
     later = merge_shard(events_table([event("c", 7, 200)]), first.state, max_history=5)
     write_flush(later.changed, flush_path(out, 0, 2))
+    return out
+
+
+def test_first_sight_reads_the_users_newest_row_and_keeps_few_shards(tmp_path: Path) -> None:
+    out = _two_flushes(tmp_path)
     sight = FirstSight(max_shards=1)
     row = sight.row_of(out, 0, 7)
     assert row.num_rows == 1 and len(row.column("events")[0]) == 2
@@ -144,3 +151,17 @@ def test_a_zero_flush_interval_is_accepted_and_a_negative_one_refused(tmp_path: 
     for bad in (-1.0, 0.001, 4000.0):
         with pytest.raises(ConfigError, match="--flush-interval"):
             StreamConfig(topic="t", output=str(tmp_path), group="g", flush_interval_s=bad)
+
+
+def test_first_sight_reads_a_big_shard_per_user_and_never_loads_it_whole(tmp_path: Path) -> None:
+    out = _two_flushes(tmp_path)
+
+    def refuse(output: str, shard: int) -> Any:
+        raise AssertionError("a big shard was loaded whole")
+
+    small = FirstSight()
+    big = FirstSight(load=refuse, whole_bytes=0)  # every shard counts as big
+    for user in (7, 8, 99):
+        assert big.row_of(out, 0, user).equals(small.row_of(out, 0, user))
+    assert len(big.row_of(out, 0, 7).column("events")[0]) == 2
+    assert not big._shards and len(small._shards) == 1

@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipelines.features.histories import build_histories
+from pipelines.io.parquet import rows_of_user
 from pipelines.schemas.layouts import HISTORY
 from pipelines.streaming.state import (
     OffsetLedger,
     ShardHistories,
     ShardStates,
+    compact_shard,
     flush_path,
+    history_of,
     latest_histories,
     merge_shard,
     write_flush,
@@ -170,3 +175,37 @@ def test_path_lock_serialises_threads(tmp_path: Path) -> None:
     for t in threads:
         t.join()
     assert overlaps[0] == 1
+
+
+def test_one_users_row_read_from_the_files_equals_the_whole_shard_read(tmp_path: Path, monkeypatch) -> None:
+    """Flush files, a merged one and a user absent from the shard: ``history_of`` equals the row of
+    ``latest_histories``, and a merged file (sorted by user) is read one row group at a time."""
+    out, rng = str(tmp_path), np.random.default_rng(4)
+    events = events_table(
+        [event(f"e{i}", int(u), int(rng.integers(0, 10_000))) for i, u in enumerate(rng.integers(0, 600, 3_000))]
+    )
+    state = None
+    for k, piece in enumerate(np.array_split(np.arange(events.num_rows), 6)):
+        merged = merge_shard(events.take(pa.array(piece)), state, max_history=20)
+        write_flush(merged.changed, flush_path(out, 0, clock_ns=k + 1))
+        state = merged.state
+    compact_shard(out, 0, fanout=4)  # the first four files become one sorted file
+    whole = latest_histories(out, 0)
+    assert whole.equals(state)
+    for user in [0, 1, 299, 599, *rng.integers(0, 600, 20).tolist()]:
+        expected = whole.filter(pc.equal(whole.column("user_id"), user))
+        assert history_of(out, 0, user).equals(expected)
+    assert history_of(out, 0, 10_000).num_rows == 0
+
+    groups_read: list[list[int]] = []
+    read = pq.ParquetFile.read_row_groups
+
+    def counted(parquet: pq.ParquetFile, groups: list[int], *args: Any, **kwargs: Any) -> pa.Table:
+        groups_read.append(groups)
+        return read(parquet, groups)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_groups", counted)
+    merged_file = next(p for p in (tmp_path / "histories").rglob("*.parquet") if "-t" in p.name)
+    assert pq.ParquetFile(merged_file).metadata.num_row_groups > 2
+    rows_of_user(str(merged_file), 300, HISTORY)
+    assert groups_read == [[groups_read[0][0]]]  # one row group of the sorted file
