@@ -187,20 +187,27 @@ class FirstSight:
         self._lock = threading.Lock()
 
     def row_of(self, output: str, shard: int, user: int) -> pa.Table:
-        key = (output, shard)
         with self._lock:
-            if key not in self._per_user:
-                loaded = self._shards.get(key)
-                if loaded is None and self._size(output, shard) > self._whole_bytes:
-                    self._per_user.add(key)
-                else:
-                    if loaded is None:
-                        loaded = self._shards[key] = self._load(output, shard)
-                        while len(self._shards) > self._max:
-                            self._shards.popitem(last=False)
-                    self._shards.move_to_end(key)
-                    return loaded.rows_of([user])
+            loaded = self._whole(output, shard)
+            if loaded is not None:
+                return loaded.rows_of([user])
         return self._read_user(output, shard, user)
+
+    def _whole(self, output: str, shard: int) -> Rows | None:
+        """The shard loaded whole (loading it now if it is small enough); None for a big one."""
+        key = (output, shard)
+        if key in self._per_user:
+            return None
+        loaded = self._shards.get(key)
+        if loaded is None:
+            if self._size(output, shard) > self._whole_bytes:
+                self._per_user.add(key)
+                return None
+            loaded = self._shards[key] = self._load(output, shard)
+            while len(self._shards) > self._max:
+                self._shards.popitem(last=False)
+        self._shards.move_to_end(key)
+        return loaded
 
 
 _FIRST_SIGHT = FirstSight()
