@@ -181,7 +181,8 @@ class OwnFlink:
 @contextmanager
 def own_flink(state: Path, slots: int = 1, **env: str) -> Iterator[OwnFlink]:
     """A cluster of two TaskManagers of ``slots`` slots each, an SDK worker pool and a standing job
-    server on free ports, its files under ``state``; ``env``: more scripts/flink.sh settings. Stopped
+    server on free ports, its files under ``state``; ``env``: more scripts/flink.sh settings (no
+    warm-up jobs unless ``FLINK_WARM_JOBS`` is given: its users run jobs of their own). Stopped
     (by pid) on exit."""
     port = free_port()
     full = os.environ | {
@@ -192,6 +193,7 @@ def own_flink(state: Path, slots: int = 1, **env: str) -> Iterator[OwnFlink]:
         "FLINK_JOB_PORT": str(free_port()),
         "FLINK_POOL_PORT": str(free_port()),
         "FLINK_SLOTS": str(slots),
+        "FLINK_WARM_JOBS": "0",
         **env,
     }
     cluster = OwnFlink(full, state, f"127.0.0.1:{port}")

@@ -4,7 +4,8 @@
 #   scripts/flink.sh up         assemble the Flink home (first run only), start a JobManager,
 #                               $FLINK_TASKMANAGERS TaskManagers (default 2), a Beam Python SDK
 #                               worker pool (python -m pipelines.worker_pool, the venv's) and a
-#                               standing Beam job server; wait until each answers
+#                               standing Beam job server; wait until each answers; then, when it
+#                               started any part, $FLINK_WARM_JOBS (2) small warm-up jobs (see warm)
 #   scripts/flink.sh down       stop what `up` started, by pid (job server, pool, Flink)
 #   scripts/flink.sh status     exit 0 when the cluster answers with its slots, 3 when it is down
 #   scripts/flink.sh jobserver  build Beam's Flink job server jar once (Maven, deploy/flink/pom.xml)
@@ -272,10 +273,48 @@ serve() {
     await "job server" "$pid" "$JS_PIDFILE" "$JS_LOG" port_open "$JOB_PORT"
 }
 
+# warm: after `up` started any part, $FLINK_WARM_JOBS (default 2) small `features` jobs (20
+# users) through the standing job server and the worker pool, as a user submits them. They prove
+# the whole path runs Python work (a TaskManager that cannot reach the pool fails here, with the
+# job's log, not in the user's first job), and they load and compile the JVMs' classes: a 200-user
+# job right after a cold start took 15.8-19.5 s here, 11-12 s after one warm-up job, 8-8.5 s
+# after two (docs/operations/flink.md). FLINK_WARM_JOBS=0 skips it, and a cluster with a job
+# running (it is in use, so warm; its slots may be taken) is left alone.
+warm() {
+    local jobs="${FLINK_WARM_JOBS:-2}" dir="$STATE/warm" i started
+    ((jobs > 0)) || return 0
+    if curl -fsS -m 3 "$URL/jobs/overview" 2>/dev/null | grep -q '"state":"RUNNING"'; then
+        log "a job is running: no warm-up jobs"
+        return 0
+    fi
+    mkdir -p "$dir"
+    : >"$dir/warm.log"
+    if [[ ! -f "$dir/events.parquet" ]]; then
+        "$VENV_PY" -m pipelines generate --users 20 --days 3 --output "$dir/events.parquet" \
+            --overwrite >>"$dir/warm.log" 2>&1 || { log "could not generate the warm-up input; see $dir/warm.log"; exit 1; }
+    fi
+    for ((i = 1; i <= jobs; i++)); do
+        started=$SECONDS
+        if ! (cd "$ROOT" && "$VENV_PY" -m pipelines features --input "$dir/events.parquet" --output "$dir/out" \
+            --overwrite --runner FlinkRunner --flink_master "127.0.0.1:$PORT" --parallelism "$TASKMANAGERS" \
+            >>"$dir/warm.log" 2>&1); then
+            log "warm-up job $i of $jobs failed: the cluster does not run a Beam job; last lines of $dir/warm.log:"
+            tail -n 30 "$dir/warm.log" >&2
+            exit 1
+        fi
+        log "warm-up job $i of $jobs (features, 20 users, through the job server and the worker pool): $((SECONDS - started)) s"
+    done
+}
+
 up() {
+    local before
+    before="$(js_pid || true) $(pool_pid || true) $(jm_pids | tr '\n' ' ')$(tm_pids | tr '\n' ' ')"
     start_flink
     start_pool
     serve
+    if [[ "$before" != "$(js_pid) $(pool_pid) $(jm_pids | tr '\n' ' ')$(tm_pids | tr '\n' ' ')" ]]; then
+        warm
+    fi
     log "up on $URL: jobmanager pid $(jm_pids | head -n 1), taskmanager pids $(tm_pids | tr '\n' ' ')" \
         "($SLOTS slots each), worker pool pid $(pool_pid) on 127.0.0.1:$POOL_PORT," \
         "job server pid $(js_pid) on 127.0.0.1:$JOB_PORT"
