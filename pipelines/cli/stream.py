@@ -70,6 +70,8 @@ if TYPE_CHECKING:
 ACCEPTS_BEAM_ARGS = True
 #: Flink bundles of `stream` end after this many ms (the runner's streaming default is 1,000).
 STREAM_BUNDLE_MS = 200
+#: Prism's experiment that turns its dynamic bundle splits off (see _prism_options).
+PRISM_NO_SPLITS = "prism_disable_sdf_split"
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, pairs: bool = False) -> None:
@@ -378,6 +380,11 @@ def _prism_options(args: argparse.Namespace) -> PipelineOptions:
             **JOB_SERVER_TIMEOUT,
         },
     )
+    # Prism splits a bundle that makes no progress for a while, and a split of a bundle holding
+    # timers loses them (apache/beam#35771, open; Prism logs "Unexpected split on a bundle with
+    # timers"): the users' buffered events were then never flushed and their partition's commits
+    # stalled. Prism's own switch turns its dynamic splits off. Experiments add up.
+    flags_.append(f"--experiments={PRISM_NO_SPLITS}")
     options = PipelineOptions(flags_, save_main_session=False, pickle_library="cloudpickle")
     check_known(options, args.beam_args)
     return options

@@ -34,7 +34,6 @@ class StreamConfig:
     max_history: int = MAX_HISTORY.default
     flush_interval_s: float = FLUSH_INTERVAL.seconds
     idle_exit_s: float | None = None
-    redeliver_after_s: float = 15.0
     #: How long the broker may stay unreachable before the job fails (it retries until then).
     broker_timeout_s: float = DEFAULT_LIMIT_S
     histories_topic: str | None = None

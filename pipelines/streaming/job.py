@@ -125,8 +125,6 @@ class _ReadPartitionFn(beam.DoFn):
     def setup(self) -> None:
         from kafka import KafkaConsumer
 
-        from pipelines.io.kafka.consume import KafkaPythonFetcher
-
         self._watch = broker_watch(self._connection, self._config.broker_timeout_s)
         self._poller = PartitionPoller(self._connection, watch=self._watch)
         # Connected on first use: a worker that starts during an outage must not fail its setup.
@@ -135,11 +133,9 @@ class _ReadPartitionFn(beam.DoFn):
                 **self._connection.kafka_python(), group_id=self._config.group, enable_auto_commit=False
             )
         )
-        self._refetch = KafkaPythonFetcher(self._connection, stall_s=self._config.broker_timeout_s)
         self._idle_since: dict[int, float] = {}
         self._last_tick: dict[int, float] = {}
-        self._commits: dict[int, tuple[int, float, float]] = {}  # partition -> (committed, since, checked)
-        self._redelivered: dict[int, int] = {}  # partition -> redeliveries since its commits last caught up
+        self._commits: dict[int, tuple[int, float]] = {}  # partition -> (committed, when looked up)
 
     @beam.DoFn.unbounded_per_element()
     def process(self, element: PartitionStart, tracker: Any = RESTRICTION, watermark: Any = WATERMARK) -> Iterator[Any]:
@@ -155,7 +151,7 @@ class _ReadPartitionFn(beam.DoFn):
             batch, after = self._poller.poll(element.topic, element.partition, position, timeout_s=0.1)
             if after > position and not tracker.try_claim(after - 1):
                 return
-            yield from self._redeliver(element, position)
+            self._look_up_commit(element)
             if batch is None:
                 if after > position:  # offsets without a record (transaction markers, compaction)
                     yield TaggedOutput(ACKS, (element.partition, np.arange(position, after, dtype=np.int64)))
@@ -196,54 +192,27 @@ class _ReadPartitionFn(beam.DoFn):
             self._idle_since.pop(partition, None)
             return False
         since = self._idle_since.setdefault(partition, time.monotonic())
-        committed = self._commits.get(partition, (-1, 0.0, 0.0))[0]
+        committed = self._commits.get(partition, (-1, 0.0))[0]
         return time.monotonic() - since > limit and committed >= position
 
-    def _redeliver(self, element: PartitionStart, position: int) -> Iterator[Any]:
-        """Read again what stayed unacknowledged for ``redeliver_after_s`` (at-least-once; the merge
-        drops what a history already holds). Covers events a runner loses between stages: Prism was
-        seen to drop buffered state under load. Each further redelivery before the commits catch up
-        with the reads waits twice as long (up to 32x): a job that is only behind, not losing, would
-        otherwise read its whole backlog again every ``redeliver_after_s`` and fall further behind."""
+    def _look_up_commit(self, element: PartitionStart) -> None:
+        """The group's committed offset of this partition, looked up at most once a second, for
+        :meth:`_idle` (which ends a quiet read only once everything read is committed)."""
         from kafka import TopicPartition
         from kafka.errors import KafkaError
 
-        from pipelines.io.kafka.ranges import PartitionRange
-
         p, now = element.partition, time.monotonic()
-        keyed = self._config.checkpointed  # a checkpointing runner loses nothing between stages
-        seen, since, checked = self._commits.get(p, (-1, now, 0.0))
+        seen, checked = self._commits.get(p, (-1, 0.0))
         if now - checked < 1.0:
             return
         try:
             found = self._group.get().committed(TopicPartition(element.topic, p))
         except KafkaError as exc:  # broker away: look again later
             self._watch.failed(exc)
-            self._commits[p] = (seen, since, now)
+            self._commits[p] = (seen, now)
             return
         self._watch.ok()
-        committed = element.start if found is None else int(found)
-        if committed != seen or committed >= position:
-            self._commits[p] = (committed, now, now)
-            if committed >= position:  # caught up: the next redelivery waits the base time again
-                self._redelivered.pop(p, None)
-            return
-        self._commits[p] = (committed, since, now)
-        wait = self._config.redeliver_after_s * 2 ** min(self._redelivered.get(p, 0), 5)
-        if keyed or now - since < wait:
-            return
-        log.warning(
-            "%s/%s: offsets [%d, %d) unacknowledged for %.0f s: reading them again",
-            element.topic,
-            p,
-            committed,
-            position,
-            now - since,
-        )
-        for batch in self._refetch.fetch(PartitionRange(element.topic, p, committed, position)):
-            yield from self._emit(element, batch, int(batch.offsets[0]), int(batch.offsets[-1]) + 1)
-        self._commits[p] = (committed, now, now)
-        self._redelivered[p] = self._redelivered.get(p, 0) + 1
+        self._commits[p] = (element.start if found is None else int(found), now)
 
     def _emit(self, element: PartitionStart, batch: Any, position: int, after: int) -> Iterator[Any]:
         decoded = decode_indexed(batch.payloads, batch.sources, max_time_ms=self._config.max_time_ms())
@@ -261,7 +230,7 @@ class _ReadPartitionFn(beam.DoFn):
     def teardown(self) -> None:
         # A cancelled job (SIGTERM) tears the reader down while a bundle thread may still be polling:
         # kafka-python then refuses the concurrent close, which matters no more once the worker goes.
-        for client in (self._poller, self._group, self._refetch):
+        for client in (self._poller, self._group):
             try:
                 client.close()
             except RuntimeError as exc:

@@ -40,3 +40,17 @@ def test_a_misused_runner_stops_the_command_naming_the_fix(
 def test_checkpointed_state_allows_the_representation_refresh() -> None:
     config = StreamConfig(topic="t", output="o", group="g", checkpointed=True, model="m", store="lmdb:///tmp/s")
     assert config.checkpointed and config.refresh
+
+
+@pytest.mark.parametrize("given", [[], ["--experiments=use_runner_v2"]])
+def test_on_prism_the_stream_turns_prisms_bundle_splits_off(tmp_path: Path, given: list[str]) -> None:
+    """A split of a bundle with timers loses them (apache/beam#35771): the switch is there whatever
+    experiments the user adds."""
+    from pipelines.cli import build_parser
+    from pipelines.cli.stream import PRISM_NO_SPLITS, _prism_options
+
+    argv = [*_stream(tmp_path), "--prism_location", __file__, *given]
+    args, extra = build_parser(argv).parse_known_args(argv)
+    args.beam_args = extra
+    experiments = _prism_options(args).get_all_options()["experiments"]
+    assert PRISM_NO_SPLITS in experiments and all(e.split("=")[-1] in experiments for e in given)

@@ -9,7 +9,6 @@ import pytest
 
 from pipelines.io.kafka.config import KafkaConnection
 from pipelines.io.kafka.outage import BrokerWatch
-from pipelines.io.kafka.ranges import PartitionRange
 from pipelines.streaming.config import StreamConfig
 from pipelines.streaming.job import _ReadPartitionFn
 
@@ -17,7 +16,7 @@ from pipelines.streaming.job import _ReadPartitionFn
 def _reader(checkpointed: bool, committed: int) -> _ReadPartitionFn:
     config = StreamConfig(topic="t", output="o", group="g", idle_exit_s=0.05, checkpointed=checkpointed)
     reader = _ReadPartitionFn(KafkaConnection(), config)
-    reader._idle_since, reader._commits = {}, {0: (committed, 0.0, 0.0)}  # what setup() and polls keep
+    reader._idle_since, reader._commits = {}, {0: (committed, 0.0)}  # what setup() and polls keep
     reader._watch = BrokerWatch("127.0.0.1:1", limit_s=60)
     return reader
 
@@ -85,53 +84,3 @@ def test_sigterm_on_flink_cancels_at_once() -> None:
         time.sleep(1)
         pytest.fail("not cancelled")
     assert not DRAIN.is_set() and signal.getsignal(signal.SIGTERM) == previous
-
-
-class _Group:
-    """The consumer group's committed offset, as ``_redeliver`` asks for it."""
-
-    def __init__(self) -> None:
-        self.offset = 10
-
-    def get(self) -> _Group:
-        return self
-
-    def committed(self, _tp: object) -> int:
-        return self.offset
-
-
-class _Refetch:
-    def __init__(self) -> None:
-        self.ranges: list[tuple[int, int]] = []
-
-    def fetch(self, part: PartitionRange) -> list[object]:
-        self.ranges.append((part.start, part.stop))
-        return []
-
-
-def test_redeliveries_back_off_until_the_commits_catch_up(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A stuck commit is read again after 15 s, then 30 s, 60 s...; caught up, the wait is 15 s again."""
-    from pipelines.streaming.job import PartitionStart
-
-    now = [1_000.0]
-    monkeypatch.setattr(time, "monotonic", lambda: now[0])
-    reader = _reader(checkpointed=False, committed=10)
-    reader._commits, reader._redelivered = {}, {}
-    group, refetch = _Group(), _Refetch()
-    reader._group, reader._refetch = group, refetch  # type: ignore[assignment]
-    element = PartitionStart("t", 0, 0)
-
-    def at(t: float, position: int = 50) -> int:
-        now[0] = 1_000.0 + t
-        list(reader._redeliver(element, position))
-        return len(refetch.ranges)
-
-    assert at(0) == 0  # the commit is seen stuck at 10 from now
-    assert at(14) == 0 and at(16) == 1  # first redelivery after 15 s
-    assert at(40) == 1 and at(47) == 2  # then after 30 s more
-    assert at(100) == 2 and at(108) == 3  # then 60 s
-    group.offset = 50
-    assert at(110) == 3  # caught up with the reads: the backoff starts again
-    group.offset = 60
-    assert at(111, position=90) == 3 and at(127, position=90) == 4
-    assert refetch.ranges[-1] == (60, 90)
