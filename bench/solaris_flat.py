@@ -1,12 +1,14 @@
 """solaris-flat: the stream graph's worker memory and pairs/s with a state of U users vs 10U users.
 
-Two worlds of ``bench/solaris.py``'s kind (U and 10 x U users, 7 days; QUICK U = 300, full
-U = 1,000), each streamed into its own stream output (``bench.solaris_stream.seed_stream``).
-The same number of early-stage candidate sets (~200 ads, deadlines lifted) goes through
-``stream --candidates-topic`` on Prism at two sizes, as in ``bench/solaris_efficiency.py``:
-pairs/s is the rate of the added pairs; the worker RSS is the job process's peak resident
-memory in the bigger run (on Prism the SDK workers run in that process), sampled every 0.1 s.
-Both with ``--encoding-cache 0`` (see NO_REUSE).
+One world of ``bench/solaris.py``'s kind with 10 x U users (7 days; QUICK U = 300, full U =
+1,000) and a funnel big enough that its users 1..U get 3 x SETS early-stage candidate sets (~200
+ads, deadlines lifted). The same sets run through ``stream --candidates-topic`` on Prism over two
+stream states (``bench.solaris_stream.seed_stream``): one seeded with the events of users 1..U
+only, one with every user's. So the active users, their histories and their sets are the same,
+and only the users the state holds differ (10U, nine in ten never asked for). Pairs/s is the rate
+of the added pairs at two sizes (SETS and 3 x SETS sets, medians of 3 runs each; QUICK 1, see
+``bench.solaris_efficiency.steady_graph_rate``); the worker RSS is the job processes' peak resident
+memory over those runs (on Prism the SDK workers run in the job's process), sampled every 0.1 s.
 
 ``RESULT solaris-flat ratio=<min(pairs/s 10U / pairs/s U, RSS U / RSS 10U)> target=0.85``: what a
 state ten times bigger costs per set, in speed and in memory.
@@ -19,21 +21,21 @@ import sys
 import threading
 from pathlib import Path
 
+import pyarrow as pa
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 sys.path.insert(0, os.path.dirname(_HERE))
 
 from bench.common import QUICK, WORK, kafka_connection, result, untrained_model  # noqa: E402
-from bench.runners import steady_rate  # noqa: E402
-from bench.solaris_efficiency import early_sets, funnel_world, graph_run  # noqa: E402
+from bench.solaris_efficiency import early_sets, funnel_world, steady_graph_rate  # noqa: E402
 from bench.solaris_stream import seed_stream  # noqa: E402
 
 USERS, DAYS = (300, 7) if QUICK else (1_000, 7)
 SETS = int(os.environ.get("SOLARIS_SETS", 100 if QUICK else 300))
+#: Funnel requests of the 10U world: users 1..U get about a tenth of them, and need 3 x SETS.
+REQUESTS = 40 * SETS
 TARGET = 0.85
-#: The user-side encoding cache is off in both runs: a world of fewer users repeats users across its
-#: sets more often, and the cache would credit it with reuse, not with a smaller state.
-NO_REUSE = ("--encoding-cache", "0")
 
 
 class PeakRss(threading.Thread):
@@ -62,35 +64,53 @@ def _rss_of(pid: str, marker: str) -> int:
     return 0
 
 
-def measure(users: int, root: Path, bootstrap: str) -> tuple[float, int]:
-    """(pairs/s, peak worker RSS in bytes) of the graph with a state of ``users`` users."""
-    events, funnel, features = funnel_world(users, DAYS, 3 * SETS, root)
-    sets = early_sets(funnel)
+def measure(events: Path, features: Path, sets: pa.Table, root: Path, bootstrap: str) -> tuple[float, int]:
+    """(pairs/s, peak worker RSS in bytes) of the graph over ``sets`` on a stream state seeded with ``events``."""
     graph = seed_stream(events, features, untrained_model(root / "model"), root, bootstrap)
-    small = graph_run(graph, sets.slice(0, SETS), root, bootstrap, NO_REUSE)
     peak = PeakRss("--candidates-topic\0bench-solaris-eff-")
     peak.start()
-    big = graph_run(graph, sets.slice(0, 3 * SETS), root, bootstrap, NO_REUSE)
+    rate, _, _ = steady_graph_rate(graph, sets, SETS, root, bootstrap)
     peak.stop.set()
-    rate = steady_rate(small, big)
-    print(f"{users:,} users: {rate:,.0f} pairs/s, worker RSS peak {peak.peak / 2**20:,.0f} MiB", flush=True)
     return rate, peak.peak
+
+
+def active_world(events: Path, funnel: Path, users: int) -> tuple[Path, pa.Table]:
+    """The events of users 1..``users`` only (written beside ``events``), and 3 x SETS of their early sets."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    active = events.with_name(f"events-users-1-{users}.parquet")
+    if not active.exists():
+        table = pq.read_table(events)
+        pq.write_table(table.filter(pc.less_equal(table["user_id"], users)), active)
+    sets = early_sets(funnel)
+    sets = sets.filter(pc.less_equal(sets["user_id"], users))
+    if sets.num_rows < 3 * SETS:
+        raise SystemExit(f"only {sets.num_rows} early sets of users 1..{users}; raise REQUESTS")
+    return active, sets.slice(0, 3 * SETS)
 
 
 def main() -> None:
     print(f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
     bootstrap = kafka_connection().bootstrap
     root = WORK / "solaris-flat"
-    (rate_u, rss_u), (rate_10u, rss_10u) = (measure(n, root, bootstrap) for n in (USERS, 10 * USERS))
+    events, funnel, features = funnel_world(10 * USERS, DAYS, REQUESTS, root)
+    active, sets = active_world(events, funnel, USERS)
+    rates, peaks = [], []
+    for seeded, state in ((active, USERS), (events, 10 * USERS)):
+        rate, peak = measure(seeded, features, sets, root, bootstrap)
+        print(f"state of {state:,} users: {rate:,.0f} pairs/s, worker RSS peak {peak / 2**20:,.0f} MiB", flush=True)
+        rates.append(rate)
+        peaks.append(peak)
     print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
-    speed, memory = rate_10u / rate_u, rss_u / max(rss_10u, 1)
+    speed, memory = rates[1] / rates[0], peaks[0] / max(peaks[1], 1)
     result(
         "solaris-flat",
         min(speed, memory),
         TARGET,
-        f"stream graph on Prism, {3 * SETS} sets of ~200 ads: {USERS:,} users {rate_u:,.0f} pairs/s and "
-        f"{rss_u / 2**20:,.0f} MiB; {10 * USERS:,} users {rate_10u:,.0f} pairs/s and {rss_10u / 2**20:,.0f} MiB "
-        f"(speed {speed:.3f}, memory {memory:.3f})",
+        f"stream graph on Prism, the same {3 * SETS} sets of ~200 ads of users 1..{USERS:,}: state of {USERS:,} users "
+        f"{rates[0]:,.0f} pairs/s and {peaks[0] / 2**20:,.0f} MiB; of {10 * USERS:,} users {rates[1]:,.0f} pairs/s "
+        f"and {peaks[1] / 2**20:,.0f} MiB (speed {speed:.3f}, memory {memory:.3f})",
     )
 
 
