@@ -306,15 +306,16 @@ warm() {
     done
 }
 
+# parts: the pids of every part `up` starts, on one line (a part that is down: nothing).
+parts() { echo "$(js_pid || true) $(pool_pid || true)" $(jm_pids) $(tm_pids); }
+
 up() {
     local before
-    before="$(js_pid || true) $(pool_pid || true) $(jm_pids | tr '\n' ' ')$(tm_pids | tr '\n' ' ')"
+    before="$(parts)"
     start_flink
     start_pool
     serve
-    if [[ "$before" != "$(js_pid) $(pool_pid) $(jm_pids | tr '\n' ' ')$(tm_pids | tr '\n' ' ')" ]]; then
-        warm
-    fi
+    [[ "$(parts)" == "$before" ]] || warm
     log "up on $URL: jobmanager pid $(jm_pids | head -n 1), taskmanager pids $(tm_pids | tr '\n' ' ')" \
         "($SLOTS slots each), worker pool pid $(pool_pid) on 127.0.0.1:$POOL_PORT," \
         "job server pid $(js_pid) on 127.0.0.1:$JOB_PORT"

@@ -151,11 +151,12 @@ class _ReadPartitionFn(beam.DoFn):
             batch, after = self._poller.poll(element.topic, element.partition, position, timeout_s=0.1)
             if after > position and not tracker.try_claim(after - 1):
                 return
-            self._look_up_commit(element)
             if batch is None:
                 if after > position:  # offsets without a record (transaction markers, compaction)
                     yield TaggedOutput(ACKS, (element.partition, np.arange(position, after, dtype=np.int64)))
                     position = after
+                if self._ends_when_quiet:
+                    self._look_up_commit(element)
                 if self._idle(element.partition, position):
                     log.info(
                         "%s/%s: quiet and committed up to %d: this read ends",
@@ -173,12 +174,18 @@ class _ReadPartitionFn(beam.DoFn):
         tracker.defer_remainder(Duration.of(0.0))
 
     def _ticks(self, partition: int) -> Iterator[Any]:
-        """On a quiet topic, now and then an empty table to every shard and an empty
-        acknowledgement, so that buffered events are flushed and offsets committed."""
+        """On a quiet topic, now and then an empty acknowledgement: the committer commits when an
+        acknowledgement arrives, so what was acknowledged since its last commit gets committed."""
         now = time.monotonic()
         if now - self._last_tick.get(partition, 0.0) >= max(self._config.flush_interval_s, QUIET_TICK_S):
             self._last_tick[partition] = now
             yield TaggedOutput(ACKS, (partition, np.zeros(0, np.int64)))
+
+    @property
+    def _ends_when_quiet(self) -> bool:
+        """Whether a quiet read that is all committed ends by itself: ``--idle-exit`` without keyed
+        state (see :meth:`_idle`). Only then is the group's commit looked up."""
+        return self._config.idle_exit_s is not None and not self._config.checkpointed
 
     def _idle(self, partition: int, position: int) -> bool:
         """No message for ``idle_exit_s`` and everything read is committed (so nothing is left behind).
@@ -186,7 +193,7 @@ class _ReadPartitionFn(beam.DoFn):
         committed (:mod:`pipelines.streaming.drive`), and a partition whose read had ended would
         never be read again, so records arriving after a quiet spell would wait forever."""
         limit = self._config.idle_exit_s
-        if limit is None or self._config.checkpointed:
+        if limit is None or not self._ends_when_quiet:
             return False
         if self._watch.down:  # a broker away is no quiet topic
             self._idle_since.pop(partition, None)
@@ -196,8 +203,9 @@ class _ReadPartitionFn(beam.DoFn):
         return time.monotonic() - since > limit and committed >= position
 
     def _look_up_commit(self, element: PartitionStart) -> None:
-        """The group's committed offset of this partition, looked up at most once a second, for
-        :meth:`_idle` (which ends a quiet read only once everything read is committed)."""
+        """The group's committed offset of this partition, looked up at most once a second while the
+        partition is quiet, for :meth:`_idle` (which ends a quiet read only once everything read is
+        committed)."""
         from kafka import TopicPartition
         from kafka.errors import KafkaError
 
