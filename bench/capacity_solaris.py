@@ -39,7 +39,7 @@ def measure_solaris() -> dict[str, Any]:
     runs = []
     for count in (SMALL, LARGE):
         before = _children_cpu_s()
-        pairs, _ = graph_run(graph, sets.slice(0, count), root, bootstrap)
+        pairs = graph_run(graph, sets.slice(0, count), root, bootstrap).pairs
         runs.append((pairs, _children_cpu_s() - before))
     (small_pairs, small_cpu), (large_pairs, large_cpu) = runs
     value = (large_pairs - small_pairs) / max(large_cpu - small_cpu, 1e-9)

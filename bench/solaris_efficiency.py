@@ -4,14 +4,16 @@ The world of ``bench/solaris.py`` (QUICK: 1,000 users; full: 3,000; an untrained
 default GemConfig), its early-stage candidate sets (~200 ads each) with their deadlines lifted
 (``--deadline-grace 3650d``), and a fresh LMDB store per run:
 
-- **graph**: the sets on a topic, all there before the job starts, through ``stream
+- **graph**: the 3 x SETS sets on a topic, all there before the job starts, through ``stream
   --candidates-topic`` on Prism (its keyed state seeded as ``bench/solaris.py`` does), until
-  ``--idle-exit``. Two sizes (SETS and 3 x SETS sets), each run REPEATS times (3; QUICK 1),
-  alternating; the rate is the added pairs over the added median seconds
-  (:func:`bench.runners.steady_rate`), so start-up and the idle wait cancel;
+  ``--idle-exit``. A run's rate is its steady one, read from the job's /metrics between the times
+  10% and 90% of its pairs were computed (:class:`GraphRun`), so its start-up and idle wait lie
+  outside;
 - **loop**: the same 3 x SETS sets in one process, 8 at a time, as the graph's pairs step computes
   them (:func:`pipelines.streaming.pairs.write_pairs`: skip-if-fresh read, the model's
   shared-history path, the store write) on the features snapshot's histories.
+
+Each runs REPEATS times (3; QUICK 1), a graph run then a loop run, and the medians are taken.
 
 Pairs are distinct (user, ad) pairs: what each run computes into its fresh store (a pair asked
 again is found fresh and skipped, in both). ``RESULT solaris-efficiency ratio=<graph pairs/s /
@@ -42,7 +44,7 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 from bench.common import QUICK, WORK, generate, kafka_connection, result, untrained_model  # noqa: E402
-from bench.runners import steady_rate  # noqa: E402
+from bench.flink_parts import free_port  # noqa: E402
 from bench.solaris_stream import StreamGraphRunner, rows_of, seed_stream, snapshot_histories  # noqa: E402
 
 USERS, DAYS = (1_000, 7) if QUICK else (3_000, 7)
@@ -53,7 +55,7 @@ STAGE = os.environ.get("SOLARIS_STAGE", "early")
 if STAGE == "retrieval":
     USERS = max(USERS, 4_000)
 TARGET = 0.8
-#: Runs of the graph at each size (medians taken): see :func:`steady_graph_rate`.
+#: Runs of each (medians taken).
 REPEATS = 1 if QUICK else 3
 
 
@@ -65,14 +67,17 @@ def main() -> None:
     model = untrained_model(root / "model")
     sets = early_sets(funnel, STAGE)
     graph = seed_stream(events, features, model, root, bootstrap)
-    graph_rate, small, big = steady_graph_rate(graph, sets, SETS, root, bootstrap)
-    loop = loop_run(sets, features, model, graph.catalog, root)
-    shutil.rmtree(loop.store.removeprefix("lmdb://"), ignore_errors=True)
-    loop_pairs, loop_s = loop.pairs, loop.seconds
-    loop_rate = loop_pairs / loop_s
+    sets = sets.slice(0, 3 * SETS)
+    graph_rates, loop_rates = [], []
+    for _ in range(REPEATS):  # in turn, so that a drift of this shared machine's speed hits both alike
+        graph_rates.append(graph_run(graph, sets, root, bootstrap).steady)
+        loop = loop_run(sets, features, model, graph.catalog, root)
+        shutil.rmtree(loop.store.removeprefix("lmdb://"), ignore_errors=True)
+        loop_rates.append(loop.pairs / loop.seconds)
+    graph_rate, loop_rate = statistics.median(graph_rates), statistics.median(loop_rates)
     print(
-        f"graph (Prism): {small[0]:,} pairs in {small[1]:.1f} s, {big[0]:,} in {big[1]:.1f} s: "
-        f"steady {graph_rate:,.0f} pairs/s; loop: {loop_pairs:,} pairs in {loop_s:.1f} s = {loop_rate:,.0f} pairs/s",
+        f"graph (Prism), steady: {', '.join(f'{r:,.0f}' for r in graph_rates)} pairs/s; "
+        f"loop: {', '.join(f'{r:,.0f}' for r in loop_rates)} pairs/s ({_pairs(sets):,} pairs per run)",
         flush=True,
     )
     print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
@@ -85,21 +90,19 @@ def main() -> None:
     )
 
 
-def steady_graph_rate(
-    graph: StreamGraphRunner, sets: pa.Table, n: int, root: Path, bootstrap: str, flags: Sequence[str] = ()
-) -> tuple[float, tuple[int, float], tuple[int, float]]:
-    """The graph's steady pairs/s over the first ``n`` and ``3 n`` sets, with the (pairs, seconds) of each
-    size: REPEATS runs of each, alternating, and the median seconds of each size. A run's start-up and
-    idle exit move by a second or more from run to run, and the added work takes only a few."""
-    seconds: dict[int, list[float]] = {n: [], 3 * n: []}
-    pairs: dict[int, int] = {}
+def steady_graph_rates(
+    graphs: Sequence[StreamGraphRunner], sets: pa.Table, root: Path, bootstrap: str, flags: Sequence[str] = ()
+) -> list[tuple[float, list[GraphRun]]]:
+    """Each graph's steady pairs/s over ``sets`` (the median of its runs' :attr:`GraphRun.steady`) and its
+    runs: REPEATS rounds, each running every graph in turn, so that a drift of this shared machine's speed
+    stays out of their comparison."""
+    runs: list[list[GraphRun]] = [[] for _ in graphs]
     for _ in range(REPEATS):
-        for size in seconds:
-            pairs[size], took = graph_run(graph, sets.slice(0, size), root, bootstrap, flags)
-            seconds[size].append(took)
-    small, big = ((pairs[size], statistics.median(seconds[size])) for size in seconds)
-    print(f"graph seconds per run: {n} sets {seconds[n]}, {3 * n} sets {seconds[3 * n]}", flush=True)
-    return steady_rate(small, big), small, big
+        for graph, done in zip(graphs, runs, strict=True):
+            done.append(graph_run(graph, sets, root, bootstrap, flags))
+    for g, done in enumerate(runs):
+        print(f"graph {g}: steady pairs/s per run {', '.join(f'{run.steady:,.0f}' for run in done)}", flush=True)
+    return [(statistics.median(run.steady for run in done), done) for done in runs]
 
 
 def funnel_world(users: int, days: int, requests: int, root: Path) -> tuple[Path, Path, Path]:
@@ -142,11 +145,32 @@ def _pairs(sets: pa.Table) -> int:
     return len(np.unique(np.stack(set_keys(sets), axis=1), axis=0))
 
 
+@dataclass
+class GraphRun:
+    """One ``stream --candidates-topic`` run: its distinct pairs, seconds from start to idle exit, and its
+    steady pairs/s: the pairs computed between the times :data:`STEADY` of them were, from the job's
+    /metrics (``gem_pairs_total{outcome="computed"}``, read every :data:`POLL_S`). The start-up and the
+    idle exit, which move by a second or more from run to run, lie outside it."""
+
+    pairs: int
+    seconds: float
+    computed: list[tuple[float, float]]  # (seconds, pairs computed so far) from the job's /metrics
+
+    @property
+    def steady(self) -> float:
+        return steady_pairs_rate(self.computed, self.pairs)
+
+
+#: The share of a run's pairs computed at the start and at the end of its steady window.
+STEADY = (0.1, 0.9)
+POLL_S = 0.2
+
+
 def graph_run(
     graph: StreamGraphRunner, sets: pa.Table, root: Path, bootstrap: str, flags: Sequence[str] = ()
-) -> tuple[int, float]:
-    """(pairs asked, seconds) of one ``stream --candidates-topic`` run over ``sets`` (on their topic
-    before it starts) until its idle exit; ``flags``: more ``stream`` flags."""
+) -> GraphRun:
+    """One ``stream --candidates-topic`` run over ``sets`` (on their topic before it starts) until its
+    idle exit; ``flags``: more ``stream`` flags."""
     from pipelines.io.kafka.candidate_sets import candidate_sets_to_wire
     from pipelines.io.kafka.produce import KafkaSink, delete_topics, ensure_topic
 
@@ -158,21 +182,49 @@ def graph_run(
     sink.flush()
     sink.close()
     store = f"lmdb://{root}/store-{uuid.uuid4().hex[:6]}"
+    port = free_port()
     cmd = [
         sys.executable, "-m", "pipelines", "stream", "--topic", graph.events_topic, "--group", graph.group,
         "--output", str(graph.output), "--candidates-topic", topic, "--model", str(graph.model), "--store", store,
         "--ad-catalog", str(graph.catalog), "--stage", stage_of(sets), "--deadline-grace", "3650d",
-        "--idle-exit", "2", "--device", "cpu", "--bootstrap-servers", bootstrap, *flags,
+        "--idle-exit", "2", "--device", "cpu", "--bootstrap-servers", bootstrap, "--metrics-port", str(port), *flags,
     ]  # fmt: skip
     started = time.perf_counter()
     with open(root / f"{topic}.log", "wb") as log:
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=log)
+        job = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
+        computed = _poll_computed(job, port)
     seconds = time.perf_counter() - started
+    if job.returncode:
+        sys.exit(f"the graph's job failed (exit {job.returncode}): see {root / f'{topic}.log'}")
     delete_topics(connection, [topic])
     _check_all_written(store, sets)
     shutil.rmtree(store.removeprefix("lmdb://"), ignore_errors=True)
     print(f"graph: {sets.num_rows} sets, {_pairs(sets):,} pairs in {seconds:.1f} s (start-up included)", flush=True)
-    return _pairs(sets), seconds
+    return GraphRun(_pairs(sets), seconds, computed)
+
+
+def _poll_computed(job: subprocess.Popen[bytes], port: int) -> list[tuple[float, float]]:
+    """(seconds, pairs computed so far) from the job's /metrics every POLL_S until it exits."""
+    from bench.solaris_stream import pair_outcomes
+
+    samples: list[tuple[float, float]] = []
+    while job.poll() is None:
+        counts = pair_outcomes(port)
+        if counts is not None:
+            samples.append((time.perf_counter(), counts["computed"]))
+        time.sleep(POLL_S)
+    return samples
+
+
+def steady_pairs_rate(samples: Sequence[tuple[float, float]], pairs: int) -> float:
+    """Pairs/s between the times the counter in ``samples`` (seconds, count) crossed :data:`STEADY` of
+    ``pairs`` (interpolated between samples); refused when the samples do not span that window."""
+    low, high = (share * pairs for share in STEADY)
+    inside = [count for _, count in samples if low <= count <= high]
+    if not samples or samples[-1][1] < high or len(inside) < 3:
+        raise SystemExit(f"too few /metrics samples in the steady window of {pairs:,} pairs: {len(inside)}")
+    times, counts = np.array([t for t, _ in samples]), np.array([c for _, c in samples])
+    return (high - low) / float(np.interp(high, counts, times) - np.interp(low, counts, times))
 
 
 def _check_all_written(uri: str, sets: pa.Table) -> None:
