@@ -90,21 +90,6 @@ def main() -> None:
     )
 
 
-def steady_graph_rates(
-    graphs: Sequence[StreamGraphRunner], sets: pa.Table, root: Path, bootstrap: str, flags: Sequence[str] = ()
-) -> list[tuple[float, list[GraphRun]]]:
-    """Each graph's steady pairs/s over ``sets`` (the median of its runs' :attr:`GraphRun.steady`) and its
-    runs: REPEATS rounds, each running every graph in turn, so that a drift of this shared machine's speed
-    stays out of their comparison."""
-    runs: list[list[GraphRun]] = [[] for _ in graphs]
-    for _ in range(REPEATS):
-        for graph, done in zip(graphs, runs, strict=True):
-            done.append(graph_run(graph, sets, root, bootstrap, flags))
-    for g, done in enumerate(runs):
-        print(f"graph {g}: steady pairs/s per run {', '.join(f'{run.steady:,.0f}' for run in done)}", flush=True)
-    return [(statistics.median(run.steady for run in done), done) for done in runs]
-
-
 def funnel_world(users: int, days: int, requests: int, root: Path) -> tuple[Path, Path, Path]:
     """(events Parquet, funnel Parquet, features snapshot) of a generated world, made once under ``root``."""
     folder = root / f"world-{users}x{days}-{requests}"

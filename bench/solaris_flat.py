@@ -7,7 +7,7 @@ states (``bench.solaris_stream.seed_stream``): one seeded with the events of use
 with every user's. So the active users, their histories and their sets are the same, and only the
 users the state holds differ (10U, nine in ten never asked for). Pairs/s is the rate in steady
 state, from the job's /metrics between 10% and 90% of a run's pairs (the median of 3 runs; QUICK 1),
-the two states' runs taken in turn (``bench.solaris_efficiency.steady_graph_rates``); the worker RSS
+the two states' runs taken in turn (:func:`steady_rates`); the worker RSS
 is each state's job processes' peak resident memory over its runs (on Prism the SDK workers run in
 the job's process), sampled every 0.1 s.
 
@@ -18,6 +18,7 @@ state ten times bigger costs per set, in speed and in memory.
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import threading
 from pathlib import Path
@@ -29,8 +30,8 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 sys.path.insert(0, os.path.dirname(_HERE))
 
 from bench.common import QUICK, WORK, kafka_connection, result, untrained_model  # noqa: E402
-from bench.solaris_efficiency import early_sets, funnel_world, steady_graph_rates  # noqa: E402
-from bench.solaris_stream import seed_stream  # noqa: E402
+from bench.solaris_efficiency import early_sets, funnel_world, graph_run  # noqa: E402
+from bench.solaris_stream import StreamGraphRunner, seed_stream  # noqa: E402
 
 USERS, DAYS = (300, 7) if QUICK else (1_000, 7)
 #: Early sets of users 1..U per run: as many as the world holds, so that a run's steady window is tens of
@@ -39,6 +40,8 @@ SETS = int(os.environ.get("SOLARIS_SETS", 250 if QUICK else 7_200))
 #: Funnel requests of the 10U world; users 1..U get about a fifth of its early sets.
 REQUESTS = 4_000 if QUICK else 36_000
 TARGET = 0.85
+#: Runs of each state (medians taken).
+REPEATS = 1 if QUICK else 3
 
 
 class PeakRss(threading.Thread):
@@ -75,10 +78,23 @@ def measure(states: list[Path], features: Path, sets: pa.Table, root: Path, boot
     peaks = [PeakRss(f"--output\0{graph.output}\0--candidates-topic") for graph in graphs]
     for peak in peaks:
         peak.start()
-    rates = steady_graph_rates(graphs, sets, root, bootstrap)
+    rates = steady_rates(graphs, sets, root, bootstrap)
     for peak in peaks:
         peak.stop.set()
-    return [(rate, peak.peak) for (rate, _), peak in zip(rates, peaks, strict=True)]
+    return [(rate, peak.peak) for rate, peak in zip(rates, peaks, strict=True)]
+
+
+def steady_rates(graphs: list[StreamGraphRunner], sets: pa.Table, root: Path, bootstrap: str) -> list[float]:
+    """Each graph's steady pairs/s over ``sets``, the median of its runs' (``GraphRun.steady``): REPEATS
+    rounds, each running every graph in turn, so that a drift of this shared machine's speed stays out of
+    their comparison."""
+    runs: list[list[float]] = [[] for _ in graphs]
+    for _ in range(REPEATS):
+        for graph, done in zip(graphs, runs, strict=True):
+            done.append(graph_run(graph, sets, root, bootstrap).steady)
+    for graph, done in zip(graphs, runs, strict=True):
+        print(f"{graph.output.name}: steady pairs/s per run {', '.join(f'{rate:,.0f}' for rate in done)}", flush=True)
+    return [statistics.median(done) for done in runs]
 
 
 def active_world(events: Path, funnel: Path, users: int) -> tuple[Path, pa.Table]:
