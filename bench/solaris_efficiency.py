@@ -65,9 +65,8 @@ def main() -> None:
     root = WORK / "solaris-efficiency"
     events, funnel, features = funnel_world(USERS, DAYS, 3 * SETS, root)
     model = untrained_model(root / "model")
-    sets = early_sets(funnel, STAGE)
+    sets = early_sets(funnel, STAGE).slice(0, 3 * SETS)
     graph = seed_stream(events, features, model, root, bootstrap)
-    sets = sets.slice(0, 3 * SETS)
     graph_rates, loop_rates = [], []
     for _ in range(REPEATS):  # in turn, so that a drift of this shared machine's speed hits both alike
         graph_rates.append(graph_run(graph, sets, root, bootstrap).steady)
@@ -77,7 +76,7 @@ def main() -> None:
     graph_rate, loop_rate = statistics.median(graph_rates), statistics.median(loop_rates)
     print(
         f"graph (Prism), steady: {', '.join(f'{r:,.0f}' for r in graph_rates)} pairs/s; "
-        f"loop: {', '.join(f'{r:,.0f}' for r in loop_rates)} pairs/s ({_pairs(sets):,} pairs per run)",
+        f"loop: {', '.join(f'{r:,.0f}' for r in loop_rates)} pairs/s ({loop.pairs:,} pairs per run)",
         flush=True,
     )
     print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
@@ -132,13 +131,12 @@ def _pairs(sets: pa.Table) -> int:
 
 @dataclass
 class GraphRun:
-    """One ``stream --candidates-topic`` run: its distinct pairs, seconds from start to idle exit, and its
-    steady pairs/s: the pairs computed between the times :data:`STEADY` of them were, from the job's
-    /metrics (``gem_pairs_total{outcome="computed"}``, read every :data:`POLL_S`). The start-up and the
-    idle exit, which move by a second or more from run to run, lie outside it."""
+    """One ``stream --candidates-topic`` run: its distinct pairs and its steady pairs/s, the pairs computed
+    between the times :data:`STEADY` of them were, from the job's /metrics
+    (``gem_pairs_total{outcome="computed"}``, read every :data:`POLL_S`). The start-up and the idle exit,
+    which move by a second or more from run to run, lie outside it."""
 
     pairs: int
-    seconds: float
     computed: list[tuple[float, float]]  # (seconds, pairs computed so far) from the job's /metrics
 
     @property
@@ -184,8 +182,9 @@ def graph_run(
     delete_topics(connection, [topic])
     _check_all_written(store, sets)
     shutil.rmtree(store.removeprefix("lmdb://"), ignore_errors=True)
-    print(f"graph: {sets.num_rows} sets, {_pairs(sets):,} pairs in {seconds:.1f} s (start-up included)", flush=True)
-    return GraphRun(_pairs(sets), seconds, computed)
+    pairs = _pairs(sets)
+    print(f"graph: {sets.num_rows} sets, {pairs:,} pairs in {seconds:.1f} s (start-up included)", flush=True)
+    return GraphRun(pairs, computed)
 
 
 def _poll_computed(job: subprocess.Popen[bytes], port: int) -> list[tuple[float, float]]:

@@ -219,21 +219,19 @@ def measure(cluster: OwnFlink, connection: KafkaConnection, users: int, work: Pa
         if jid:
             seen.update(completed_checkpoints(cluster, jid[0]))
 
+    def committed(what: str, total: int) -> None:
+        wait(f"the {what} committed", lambda: committed_total(connection, topic, group) >= total, job, log, tick)
+
     try:
-        wait("the warm-up committed", lambda: committed_total(connection, topic, group) >= len(warm), job, log, tick)
+        committed("warm-up", len(warm))
         if settle:
             produce(connection, topic, settle, SPREAD_S, then=tick)
-            settled = len(warm) + len(settle)
-            done = lambda: committed_total(connection, topic, group) >= settled  # noqa: E731
-            wait("the settling events committed", done, job, log, tick)
+            committed("settling events", len(warm) + len(settle))
         tick()
         before_ids = set(seen)
         began, before = time.perf_counter(), cpu_seconds(cluster.work_pids())
         produce(connection, topic, measured, SPREAD_S, then=tick)
-        total = len(warm) + len(settle) + len(measured)
-        wait(
-            "the measured events committed", lambda: committed_total(connection, topic, group) >= total, job, log, tick
-        )
+        committed("measured events", len(warm) + len(settle) + len(measured))
         after, wall = cpu_seconds(cluster.work_pids()), time.perf_counter() - began
         tick()
         by_vertex = added_by_vertex(cluster, jid[0], sorted(set(seen) - before_ids))
